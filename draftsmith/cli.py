@@ -1,0 +1,76 @@
+"""The `draftsmith` command. Each subcommand lives in its own module exposing `add_arguments(parser)` and
+`run(args) -> int`; only the invoked one is imported, so `draftsmith --help` stays fast.
+
+    draftsmith quickstart                      # embedded target: generate data, distill, eval
+    draftsmith generate --target ... --prompts ... --out DIR
+    draftsmith eval --target T --drafter draft:DIR --prompts builtin:dev-eval
+    draftsmith check --target T --draft D     # tokenizer compatibility, no weights loaded
+    draftsmith export CKPT --format hf|sglang-eagle3|speculators|vllm-medusa --out DIR
+    draftsmith push CKPT REPO_ID [--private] [--dry-run DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from draftsmith.errors import DraftsmithError
+
+COMMANDS = {
+    "quickstart": ("draftsmith.quickstart", "generate data with the embedded target, distill a draft, evaluate it"),
+    "generate": ("draftsmith.selfdistill", "have a target answer prompts; write a resumable token-id dataset"),
+    "eval": ("draftsmith.decode.cli", "measure a drafter: acceptance, tau, speedup over plain decoding"),
+    "check": ("draftsmith.cli", "check that a draft's tokenizer matches a target's (no weights loaded)"),
+    "export": ("draftsmith.export", "export a checkpoint for transformers, vLLM or SGLang"),
+    "push": ("draftsmith.hub", "publish a checkpoint with a model card to the Hugging Face Hub"),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:  # `draftsmith check`
+    p.add_argument("--target", required=True, help="target model: Hub id, folder, .gguf or smollm2-135m")
+    p.add_argument("--draft", required=True, help="draft model: Hub id, folder or .gguf")
+    p.add_argument("--trust-remote-code", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:  # `draftsmith check`
+    from draftsmith.compat import check_compatible
+
+    check_compatible(args.target, args.draft, args.trust_remote_code)
+    print(f"ok: {args.draft} is tokenizer-compatible with {args.target}")
+    return 0
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="draftsmith", description="Train and measure speculative-decoding drafters.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        if name == command:
+            importlib.import_module(module).add_arguments(sp)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
+    try:
+        return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+    except DraftsmithError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

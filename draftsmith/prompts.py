@@ -1,0 +1,181 @@
+"""Prompt sets: load, normalise to chat messages, apply chat templates.
+
+Sources (`load_prompts(source)`):
+  - `builtin:train`      ~1.3k training prompts shipped with draftsmith (GSM8K, GPTeacher, self-instruct, OASST)
+  - `builtin:dev-eval`   Vicuna-80 + HumanEval (164); `builtin:vicuna`, `builtin:humaneval` separately.
+                         Evaluation only: never train on these.
+  - a local .json / .jsonl / .jsonl.gz / .parquet file
+  - `hf:<dataset>[:<split>]` (or any non-path name) through `datasets.load_dataset`
+
+Field shapes understood per record: a plain string; `messages`/`conversations` (role/content or from/value);
+`turns` (first turn used); `instruction` (+ `input`); `question`; `prompt`; `text`. `category` is kept.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from draftsmith.errors import DraftsmithError
+
+BUILTIN = {
+    "train": ["train/quickstart_prompts.jsonl"],
+    "vicuna": ["dev-eval/vicuna_bench/question.jsonl"],
+    "humaneval": ["dev-eval/humaneval/HumanEval.jsonl.gz"],
+    "dev-eval": ["dev-eval/vicuna_bench/question.jsonl", "dev-eval/humaneval/HumanEval.jsonl.gz"],
+}
+EVAL_ONLY = {"vicuna", "humaneval", "dev-eval"}
+
+
+@dataclass
+class Prompt:
+    """One prompt as chat messages (user/system turns only; the model writes the answer)."""
+
+    messages: list[dict[str, str]]
+    category: str = "default"
+    id: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return "\n\n".join(m["content"] for m in self.messages)
+
+
+def _data_path(rel: str) -> Path:
+    return Path(str(resources.files("draftsmith") / "data" / rel))
+
+
+def _read_records(path: Path) -> list[Any]:
+    name = path.name
+    try:
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path).to_pylist()
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            if name.endswith((".jsonl", ".jsonl.gz")):
+                return [json.loads(line) for line in f if line.strip()]
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        raise DraftsmithError(f"prompt file {path} could not be read ({type(e).__name__}: {e}); check its format") from None
+    if isinstance(data, dict):
+        for key in ("data", "prompts", "rows", "examples"):
+            if isinstance(data.get(key), list):
+                return data[key]
+        raise DraftsmithError(f"prompt file {path}: a JSON object needs a list under 'data' or 'prompts'")
+    return data
+
+
+def _role(msg: dict) -> str:
+    role = msg.get("role", msg.get("from", "user"))
+    return {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}.get(role, role)
+
+
+def record_to_prompt(rec: Any, idx: int, default_category: str) -> Prompt | None:
+    """Normalise one record; returns None for records with no usable prompt text."""
+    if isinstance(rec, str):
+        msgs = [{"role": "user", "content": rec}]
+        return Prompt(msgs, default_category, str(idx)) if rec.strip() else None
+    if not isinstance(rec, dict):
+        return None
+    cat = str(rec.get("category", default_category))
+    rid = str(rec.get("id", rec.get("question_id", rec.get("task_id", idx))))
+    conv = rec.get("messages", rec.get("conversations"))
+    if isinstance(conv, list) and conv:
+        msgs = []
+        for m in conv:  # keep the turns up to the first assistant answer: that is what the target rewrites
+            if not isinstance(m, dict):
+                continue
+            role = _role(m)
+            if role == "assistant":
+                break
+            msgs.append({"role": role, "content": str(m.get("content", m.get("value", "")))})
+        if any(m["role"] == "user" and m["content"].strip() for m in msgs):
+            return Prompt(msgs, cat, rid)
+        return None
+    if isinstance(rec.get("turns"), list) and rec["turns"]:
+        text = str(rec["turns"][0])
+    elif "instruction" in rec:
+        text = str(rec["instruction"])
+        extra = str(rec.get("input") or "").strip()
+        if extra:
+            text = f"{text}\n\n{extra}"
+    else:
+        text = next((str(rec[k]) for k in ("question", "prompt", "text") if rec.get(k)), "")
+    if not text.strip():
+        return None
+    return Prompt([{"role": "user", "content": text}], cat, rid)
+
+
+def _category_for(rel: str) -> str:
+    return "humaneval" if "humaneval" in rel else ("vicuna" if "vicuna" in rel else "default")
+
+
+def load_prompts(source: str, limit: int | None = None, category: str | None = None) -> list[Prompt]:
+    """Load and normalise prompts from `source` (see module docstring). Errors on empty results."""
+    recs: list[tuple[Any, str]] = []
+    if source.startswith("builtin:"):
+        name = source.split(":", 1)[1]
+        if name not in BUILTIN:
+            raise DraftsmithError(f"unknown builtin prompt set {name!r}; choose one of {sorted(BUILTIN)}")
+        for rel in BUILTIN[name]:
+            recs += [(r, _category_for(rel)) for r in _read_records(_data_path(rel))]
+    else:
+        p = Path(source).expanduser()
+        if p.exists():
+            if p.is_dir():
+                raise DraftsmithError(f"prompt source {p} is a folder; pass a .json/.jsonl/.parquet file")
+            recs = [(r, p.stem) for r in _read_records(p)]
+        elif source.startswith("hf:") or ("/" in source and not source.startswith((".", "/", "~"))):
+            recs = [(r, source) for r in _load_hub(source.removeprefix("hf:"))]
+        else:
+            raise DraftsmithError(f"prompt file {source} not found; pass a file, hf:<dataset>[:split] or builtin:train")
+    prompts = []
+    for i, (rec, cat) in enumerate(recs):
+        pr = record_to_prompt(rec, i, cat)
+        if pr is not None and (category is None or pr.category == category):
+            prompts.append(pr)
+    if not prompts:
+        raise DraftsmithError(f"no usable prompts in {source}; records need a prompt/question/instruction/messages field")
+    return prompts[:limit] if limit else prompts
+
+
+def _load_hub(spec: str) -> list[dict]:
+    import datasets
+
+    name, _, split = spec.partition(":")
+    try:
+        ds = datasets.load_dataset(name, split=split or "train")
+    except Exception as e:  # noqa: BLE001
+        raise DraftsmithError(f"could not load dataset {name!r} ({type(e).__name__}); check the name or pass a local file") from None
+    return list(ds)
+
+
+def is_eval_source(source: str) -> bool:
+    """True for the shipped evaluation sets, which trainers refuse as training data."""
+    return source.startswith("builtin:") and source.split(":", 1)[1] in EVAL_ONLY
+
+
+def prompt_ids(tokenizer, prompt: Prompt, max_length: int | None = None) -> list[int]:
+    """Token ids of the prompt with the chat template applied and the assistant turn opened.
+
+    Raises a clear error when the prompt does not fit `max_length` (the model's context minus the room
+    the caller needs for new tokens)."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+    else:
+        ids = tokenizer(prompt.text)["input_ids"]
+    ids = list(ids)
+    if max_length is not None and len(ids) > max_length:
+        raise DraftsmithError(
+            f"prompt {prompt.id!r} is {len(ids)} tokens but only {max_length} fit the context; "
+            "shorten it, lower max_new_tokens, or filter long prompts"
+        )
+    return ids

