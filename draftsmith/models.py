@@ -110,8 +110,10 @@ def materialize(ref: ModelRef) -> ModelRef:
         tok.save_pretrained(tmp)
         (tmp / "DRAFTSMITH_SOURCE.txt").write_text(f"{Path(ref.path) / ref.gguf_file}\n")
         out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)  # write, then rename: a killed dequantization leaves no half folder
+        try:
+            os.replace(tmp, out)  # write, then rename: a killed dequantization leaves no half folder
+        except OSError:  # another process finished first; its copy is identical
+            shutil.rmtree(tmp, ignore_errors=True)
     return ModelRef("dir", str(out), name=ref.name, hub_id=ref.hub_id)
 
 

@@ -45,3 +45,12 @@ def tiny_dirs(tmp_path_factory):
         "target": str(save_tiny(root / "target", seed=0)),
         "draft": str(save_tiny(root / "draft", seed=1, num_hidden_layers=1)),
     }
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
