@@ -1,0 +1,22 @@
+"""KV-cache rollback without recomputation: crop a chain, gather-then-crop a tree path."""
+
+from __future__ import annotations
+
+import torch
+
+
+def crop_to(cache, length: int) -> None:
+    """Shrink a DynamicCache to `length` tokens (negative crop: the form both transformers 4.x and 5.x accept)."""
+    remove = cache.get_seq_length() - length
+    if remove > 0:
+        cache.crop(-remove)
+
+
+def compact_cache(cache, start: int, keep: torch.Tensor) -> None:
+    """Move KV rows `start + keep` (ascending, within the verify block) to `start .. start+len(keep)`, crop after."""
+    n = int(keep.numel())
+    for layer in cache.layers:
+        # advanced indexing copies first, so overlapping source/destination rows are safe
+        layer.keys[:, :, start : start + n] = layer.keys[:, :, start + keep]
+        layer.values[:, :, start : start + n] = layer.values[:, :, start + keep]
+    crop_to(cache, start + n)

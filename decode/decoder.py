@@ -1,0 +1,192 @@
+"""Speculative decoding loop (batch 1, leading batch dim kept) and plain decoding through the same code.
+
+Invariant between steps: the target's DynamicCache holds every committed token except the last one (the
+"root"); a step runs ONE target forward over [root, node_1 .. node_N] (tree mask, position = prefix + depth),
+accepts a path of a nodes, compacts the cache to prefix + root + accepted nodes (`cache.crop` for chains,
+a gather then crop for trees: no recomputation) and commits a + 1 tokens. Plain decoding is the same step
+with an empty proposal, so the baseline pays exactly the same per-step overhead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.sampling import SamplingParams, sample, warp_probs
+
+from .cache import compact_cache, crop_to
+from .proposer import Proposal, Proposer, node_depths, tree_attention_mask
+from .verify import verify
+
+
+@dataclass
+class GenerationResult:
+    """One generation. `accepted[s]` = draft tokens accepted at verify step s (the step also adds one token)."""
+
+    tokens: list[int]  # generated ids (prompt excluded)
+    prompt_len: int
+    accepted: list[int] = field(default_factory=list)
+    proposed: list[int] = field(default_factory=list)  # proposal depth per step (0 = plain step)
+    target_forwards: int = 0  # including the prefill forward
+    time_total: float = 0.0
+    time_draft: float = 0.0  # proposer.begin/propose/advance
+    stop_reason: str = "length"
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per verify forward, bonus/correction token included."""
+        return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
+
+
+def eos_ids_for(model, tokenizer=None) -> set[int]:
+    """EOS ids from the tokenizer and the model's generation_config (int or list)."""
+    ids: set[int] = set()
+    gc = getattr(model, "generation_config", None)
+    for src in (getattr(tokenizer, "eos_token_id", None), getattr(gc, "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif src is not None:
+            ids.update(int(i) for i in src)
+    return ids
+
+
+class SpeculativeDecoder:
+    """Wraps a HF causal LM target. `generate(ids, proposer)`; proposer None = plain decoding."""
+
+    def __init__(self, target, tokenizer=None, *, eos_ids: set[int] | None = None, stop_strings=()):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids if eos_ids is not None else eos_ids_for(target, tokenizer)
+        self.stop_strings = tuple(stop_strings)
+        if self.stop_strings and tokenizer is None:
+            raise DraftsmithError("stop strings need a tokenizer; pass tokenizer= to SpeculativeDecoder")
+        cfg = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+        self.config = cfg
+        self.max_positions = int(getattr(cfg, "max_position_embeddings", 0) or 0)
+        self.device = next(target.parameters()).device
+        self._sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.target.config)
+
+    def _forward(self, ids, cache, layers, **kw):
+        out = self.target(ids, cache=cache, use_cache=True, output_hidden_states=bool(layers), **kw)
+        hidden = tuple(out.hidden_states[i] for i in layers) if layers else None
+        return out.logits, hidden
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        proposer: Proposer | None = None,
+        *,
+        k: int = 4,
+        params: SamplingParams = SamplingParams(),
+        max_new_tokens: int = 128,
+        seed: int = 0,
+    ) -> GenerationResult:
+        """input_ids: [1, T] prompt ids. Returns the generated ids and per-step acceptance statistics."""
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        if input_ids.shape[0] != 1:
+            raise DraftsmithError(f"batch size {input_ids.shape[0]} is not supported yet; decode one prompt at a time")
+        if k < 1:
+            raise DraftsmithError(f"k must be >= 1 (draft tokens per step), got {k}")
+        T = input_ids.shape[1]
+        if self.max_positions and T + max_new_tokens + k + 1 > self.max_positions:
+            raise DraftsmithError(
+                f"prompt ({T} tokens) + max_new_tokens ({max_new_tokens}) + k + 1 exceeds the target's context "
+                f"({self.max_positions}); shorten the prompt or lower --max-new-tokens"
+            )
+        input_ids = input_ids.to(self.device)
+        layers = tuple(proposer.hidden_state_layers) if proposer is not None else ()
+        verify_gen = torch.Generator().manual_seed(seed)  # host walk in verify_sampling
+        draft_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
+        res = GenerationResult(tokens=[], prompt_len=T)
+        self._sync()
+        t0 = time.perf_counter()
+
+        # prefill: the first token comes from the target alone (one forward, as in plain decoding)
+        cache = self._new_cache()
+        logits, hidden = self._forward(input_ids, cache, layers, logits_to_keep=1)
+        res.target_forwards = 1
+        last = self._pick(logits[:, -1], params, verify_gen)  # [1]
+        res.tokens.append(int(last[0]))
+        if proposer is not None:
+            td = time.perf_counter()
+            proposer.begin(torch.cat([input_ids, last[:, None]], 1), hidden)
+            self._sync()
+            res.time_draft += time.perf_counter() - td
+
+        done = self._finished(res, 1, max_new_tokens)
+        while not done:
+            remaining = max_new_tokens - len(res.tokens)
+            kk = min(k, remaining - 1)
+            if proposer is not None and kk > 0:
+                td = time.perf_counter()
+                proposal = proposer.propose(kk, params, draft_gen)
+                self._sync()
+                res.time_draft += time.perf_counter() - td
+            else:
+                proposal = Proposal.empty(1, self.device)
+            prefix = cache.get_seq_length()
+            block = torch.cat([last[:, None], proposal.tokens.to(self.device)], 1)  # [1, 1 + N]
+            kw = {}
+            if not proposal.is_chain:  # chains use the model's own causal mask
+                depths = torch.tensor([0, *node_depths(proposal.parents)], device=self.device)
+                kw["position_ids"] = (prefix + depths)[None]
+                kw["attention_mask"] = tree_attention_mask(proposal.parents, prefix, self.target.dtype, self.device)
+            logits, hidden = self._forward(block, cache, layers, **kw)
+            res.target_forwards += 1
+            path, last = verify(logits, proposal, params, verify_gen)
+            a = len(path)
+            if proposal.is_chain:
+                crop_to(cache, prefix + 1 + a)
+            else:
+                compact_cache(cache, prefix + 1, torch.tensor(path, device=self.device, dtype=torch.long))
+            new = torch.cat([proposal.tokens[:, path].to(self.device), last[:, None]], 1)  # [1, a + 1]
+            res.accepted.append(a)
+            res.proposed.append(max(node_depths(proposal.parents), default=0))
+            res.tokens.extend(new[0].tolist())
+            done = self._finished(res, a + 1, max_new_tokens)
+            if proposer is not None and not done:
+                rows = torch.tensor([0, *(1 + i for i in path)], device=self.device)
+                td = time.perf_counter()
+                proposer.advance(path, new, None if hidden is None else tuple(h[:, rows] for h in hidden))
+                self._sync()
+                res.time_draft += time.perf_counter() - td
+        self._sync()
+        res.time_total = time.perf_counter() - t0
+        return res
+
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
+        if params.greedy:
+            return logits.argmax(-1)
+        return sample(warp_probs(logits, params).cpu(), gen).to(self.device)
+
+    def _finished(self, res: GenerationResult, n_new: int, max_new_tokens: int) -> bool:
+        """Truncate at EOS / stop string / length; True when generation is over. n_new: tokens added last."""
+        toks = res.tokens
+        start = len(toks) - n_new
+        for i in range(start, len(toks)):
+            if toks[i] in self.eos_ids:
+                del toks[i + 1 :]
+                res.stop_reason = "eos"
+                return True
+        if self.stop_strings and any(s in self.tokenizer.decode(toks) for s in self.stop_strings):
+            for n in range(max(start, 1), len(toks) + 1):  # keep the shortest prefix holding a stop string
+                if any(s in self.tokenizer.decode(toks[:n]) for s in self.stop_strings):
+                    del toks[n:]
+                    break
+            res.stop_reason = "stop_string"
+            return True
+        if len(toks) >= max_new_tokens:
+            del toks[max_new_tokens:]
+            res.stop_reason = "length"
+            return True
+        return False

@@ -1,0 +1,50 @@
+"""Aggregate per-generation statistics into the eval.json numbers.
+
+- tau: mean tokens committed per verify forward, *bonus/correction token included* (EAGLE convention),
+  over every verify step (steps where the drafter proposed nothing count as tau = 1).
+- alpha_per_position[i-1]: P(depth i accepted | depths < i accepted and the drafter proposed depth i)
+  = #steps accepting >= i / #steps accepting >= i-1 that proposed >= i. With these conditionals,
+  tau_from_conditional(alpha) = 1 + sum_i prod_{j<=i} alpha_j predicts tau for full-length proposals.
+- speedup: tokens/s of speculative over tokens/s of plain decoding, both measured in the same run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from .decoder import GenerationResult
+
+
+def alpha_per_position(results: Sequence[GenerationResult], k: int) -> list[float | None]:
+    """Conditional acceptance per draft depth 1..k (None where no step reached that depth)."""
+    out: list[float | None] = []
+    steps = [(a, p) for r in results for a, p in zip(r.accepted, r.proposed)]
+    for i in range(1, k + 1):
+        den = sum(1 for a, p in steps if a >= i - 1 and p >= i)
+        num = sum(1 for a, p in steps if a >= i and p >= i)
+        out.append(num / den if den else None)
+    return out
+
+
+def summarize(spec: Sequence[GenerationResult], plain: Sequence[GenerationResult], k: int) -> dict:
+    """Numbers for one set of prompts: speculative results and the plain baselines of the same prompts."""
+    steps = [a for r in spec for a in r.accepted]
+    spec_tokens = sum(len(r.tokens) for r in spec)
+    plain_tokens = sum(len(r.tokens) for r in plain)
+    spec_time = sum(r.time_total for r in spec)
+    plain_time = sum(r.time_total for r in plain)
+    tps_spec = spec_tokens / spec_time if spec_time > 0 else 0.0
+    tps_plain = plain_tokens / plain_time if plain_time > 0 else 0.0
+    return {
+        "tau": (sum(steps) + len(steps)) / max(len(steps), 1),
+        "alpha_per_position": alpha_per_position(spec, k),
+        "accept_length_hist": {str(n): c for n, c in sorted(Counter(steps).items())},
+        "tokens_per_s": {"speculative": tps_spec, "plain": tps_plain},
+        "speedup": tps_spec / tps_plain if tps_plain > 0 else None,
+        "target_forwards": sum(r.target_forwards for r in spec),  # prefill included
+        "target_forwards_plain": sum(r.target_forwards for r in plain),
+        "draft_time_share": sum(r.time_draft for r in spec) / spec_time if spec_time > 0 else 0.0,
+        "n_prompts": len(spec),
+        "new_tokens": {"speculative": spec_tokens, "plain": plain_tokens},
+    }

@@ -1,0 +1,91 @@
+"""Write eval.json, report.md and eval.png (acceptance by position; speedup per category). Atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def _fmt(x, nd: int = 3) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def summary_table(result: dict) -> str:
+    """Markdown table: overall + per category (tau includes the bonus token)."""
+    lines = [
+        "| set | prompts | tau (bonus incl.) | speedup | alpha by position |",
+        "|---|---|---|---|---|",
+    ]
+    c = result["conditions"]
+    rows = [("all", {**result, "n_prompts": c["n_prompts"]})] + list(result["per_category"].items())
+    for name, r in rows:
+        alphas = " ".join(_fmt(a, 2) for a in r["alpha_per_position"])
+        lines.append(f"| {name} | {r['n_prompts']} | {_fmt(r['tau'], 2)} | {_fmt(r['speedup'], 2)}x | {alphas} |")
+    return "\n".join(lines)
+
+
+def render_markdown(result: dict) -> str:
+    c = result["conditions"]
+    tps = result["tokens_per_s"]
+    lossless = {True: "yes (greedy outputs identical to plain decoding)", False: "NO: outputs differ from plain decoding",
+                None: "not checked (sampling)"}[result["lossless"]]
+    return "\n".join([
+        f"# draftsmith eval: {c['drafter']} on {c['target']}",
+        "",
+        f"- k = {c['k']}, temperature {c['temperature']}, top_p {c['top_p']}, top_k {c['top_k']}, "
+        f"max_new_tokens {c['max_new_tokens']}, prompts `{c['prompts']}` ({c['n_prompts']}), seed {c['seed']}",
+        f"- {c['device']} / {c['dtype']} / {c['hardware']}; torch {c['torch_version']}, draftsmith {c['draftsmith_version']}, {c['date']}",
+        "- **tau counts the bonus/correction token** (tokens committed per target verify forward; EAGLE's convention, "
+        "gpt-fast's 'mean accepted' is tau - 1).",
+        f"- speedup = speculative / plain tokens per second, both measured in this run, prompt by prompt, "
+        f"alternating order; warm-up excluded. Plain {_fmt(tps['plain'], 1)} tok/s, speculative {_fmt(tps['speculative'], 1)} tok/s.",
+        f"- target forwards: {result['target_forwards']} speculative vs {result['target_forwards_plain']} plain; "
+        f"drafting took {100 * result['draft_time_share']:.1f}% of speculative time.",
+        f"- lossless: {lossless}",
+        "",
+        summary_table(result),
+        "",
+        "Accepted draft tokens per step: " + ", ".join(f"{n}: {v}" for n, v in result["accept_length_hist"].items()),
+        "",
+        "![eval](eval.png)",
+        "",
+    ])
+
+
+def plot(result: dict, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    alphas = result["alpha_per_position"]
+    xs = list(range(1, len(alphas) + 1))
+    ax1.bar(xs, [a or 0.0 for a in alphas], color="tab:blue")
+    ax1.set(xlabel="draft position", ylabel="conditional acceptance", ylim=(0, 1), xticks=xs,
+            title=f"acceptance by position (tau={result['tau']:.2f}, bonus incl.)")
+    cats = list(result["per_category"])
+    ax2.bar(["all", *cats], [result["speedup"] or 0.0] + [result["per_category"][c]["speedup"] or 0.0 for c in cats],
+            color="tab:green")
+    ax2.axhline(1.0, color="gray", lw=1, ls="--")
+    ax2.set(ylabel="speedup vs plain (same run)", title="wall-clock speedup")
+    ax2.tick_params(axis="x", labelrotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".tmp{os.getpid()}.{path.name}")  # keeps the suffix (matplotlib reads it)
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_outputs(result: dict, out_dir: str | Path) -> None:
+    """out_dir/eval.json, report.md, eval.png (each written to a temp name, then renamed)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out / "eval.png", lambda p: plot(result, p))
+    _atomic_write(out / "eval.json", lambda p: p.write_text(json.dumps(result, indent=2) + "\n"))
+    _atomic_write(out / "report.md", lambda p: p.write_text(render_markdown(result)))

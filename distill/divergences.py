@@ -1,0 +1,215 @@
+"""Token-level divergences between the target distribution and the draft distribution (DistillSpec, Zhou et al. 2024).
+
+Notation, used once here and spelled out in names elsewhere: p = target distribution, q = draft distribution,
+both softmax(logits / T) at the *decode* temperature T (T = 0, greedy, is not differentiable, so the losses use
+T = 1 then; greedy acceptance is what `draftsmith.distill.metrics` reports).
+
+    fkl             KL(p || q)                       mode-covering
+    rkl             KL(q || p)                       mode-seeking
+    jsd             beta KL(p || m) + (1 - beta) KL(q || m),   m = beta p + (1 - beta) q     (generalised JSD)
+    tvd             1/2 sum |p - q|  = 1 - alpha                the acceptance gap itself
+    neg_log_accept  -log alpha,      alpha = sum min(p, q)      ("LK" loss)
+    lk              lam KL(p || q) + (1 - lam) TVD,  lam = exp(-3 alpha) (detached)   ("LK" loss)
+
+JSD endpoint convention (the one DistillSpec/GKD use): JSD(beta) -> 0 at both beta = 0 and beta = 1, and
+    JSD(beta) / beta        -> KL(p || q)  as beta -> 0   (FKL-like)
+    JSD(beta) / (1 - beta)  -> KL(q || p)  as beta -> 1   (RKL-like)
+(expand KL(q || m) to second order in beta). The endpoints themselves are degenerate, so beta must lie in (0, 1);
+use kind="fkl" / "rkl" for the limits.
+
+Reduced draft vocabulary (`vocab_ids` [V_d], sorted target ids of the draft's output rows): q is zero outside
+vocab_ids. KL-type losses (fkl, rkl, jsd and the KL term of lk) use p restricted to vocab_ids and renormalised
+(EAGLE-3 convention; KL(p || q) with the full p would be infinite). Acceptance-type losses (tvd, neg_log_accept and
+the TVD term / lambda of lk) use the exact full-vocabulary p, so alpha = sum_{x in V_d} min(p(x), q(x)) is the true
+acceptance rate and the out-of-vocabulary target mass counts fully towards TVD.
+
+Memory: rows are processed `chunk_size` at a time under `torch.utils.checkpoint`, so at most chunk_size x V fp32
+intermediates are alive at once, in the forward and in the backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from draftsmith.errors import DraftsmithError
+
+DivergenceKind = Literal["fkl", "rkl", "jsd", "tvd", "neg_log_accept", "lk"]
+
+# below this, -log(alpha) is clamped: a draft with zero overlap has no useful gradient anyway
+_MIN_ALPHA = 1e-12
+
+
+def _target_logp_restricted(target_logits: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """log p over the draft's support, renormalised there (EAGLE-3 convention). [n, V] -> [n, V_d]."""
+    if vocab_ids is not None:
+        target_logits = target_logits.index_select(-1, vocab_ids)
+    return F.log_softmax(target_logits, dim=-1)
+
+
+def _target_probs_exact(
+    target_logits: torch.Tensor, vocab_ids: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact full-vocab p on the draft's support [n, V_d] and the target mass outside it [n]."""
+    if vocab_ids is None:
+        probs = F.softmax(target_logits, dim=-1)
+        return probs, probs.new_zeros(probs.shape[0])
+    log_z = torch.logsumexp(target_logits, dim=-1, keepdim=True)
+    kept = target_logits.index_select(-1, vocab_ids)
+    probs_on = torch.exp(kept - log_z)
+    # 1 - mass_in, computed as -expm1(log mass_in) to keep precision when nearly all mass is inside
+    log_mass_in = (torch.logsumexp(kept, dim=-1, keepdim=True) - log_z).squeeze(-1)
+    return probs_on, -torch.expm1(log_mass_in)
+
+
+def _kl(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
+    """KL(a || b) per row from log-probabilities [n, V] -> [n] (logits are assumed finite)."""
+    return (logp_a.exp() * (logp_a - logp_b)).sum(-1)
+
+
+def _fkl(t, d, vocab_ids, beta):
+    return _kl(_target_logp_restricted(t, vocab_ids), F.log_softmax(d, dim=-1))
+
+
+def _rkl(t, d, vocab_ids, beta):
+    return _kl(F.log_softmax(d, dim=-1), _target_logp_restricted(t, vocab_ids))
+
+
+def _jsd(t, d, vocab_ids, beta):
+    logp = _target_logp_restricted(t, vocab_ids)
+    logq = F.log_softmax(d, dim=-1)
+    # log m = log(beta p + (1 - beta) q), stably
+    logm = torch.logaddexp(logp + math.log(beta), logq + math.log1p(-beta))
+    return beta * _kl(logp, logm) + (1.0 - beta) * _kl(logq, logm)
+
+
+def _tvd_alpha(t, d, vocab_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    probs_on, mass_out = _target_probs_exact(t, vocab_ids)
+    draft_probs = F.softmax(d, dim=-1)
+    # TVD = 1/2 (sum_{V_d} |p - q| + sum_{outside} p), since q = 0 outside V_d
+    tvd = 0.5 * ((probs_on - draft_probs).abs().sum(-1) + mass_out)
+    alpha = torch.minimum(probs_on, draft_probs).sum(-1)
+    return tvd, alpha
+
+
+def _tvd(t, d, vocab_ids, beta):
+    return _tvd_alpha(t, d, vocab_ids)[0]
+
+
+def _neg_log_accept(t, d, vocab_ids, beta):
+    probs_on, _ = _target_probs_exact(t, vocab_ids)
+    alpha = torch.minimum(probs_on, F.softmax(d, dim=-1)).sum(-1)
+    return -torch.log(alpha.clamp_min(_MIN_ALPHA))
+
+
+def _lk(t, d, vocab_ids, beta):
+    tvd, alpha = _tvd_alpha(t, d, vocab_ids)
+    # lam = exp(-3 alpha), detached: KL dominates while acceptance is low, TVD takes over as it rises
+    lam = torch.exp(-3.0 * alpha.detach())
+    return lam * _fkl(t, d, vocab_ids, beta) + (1.0 - lam) * tvd
+
+
+_RowLoss = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", float], torch.Tensor]
+
+LOSSES: dict[str, _RowLoss] = {
+    "fkl": _fkl,
+    "rkl": _rkl,
+    "jsd": _jsd,
+    "tvd": _tvd,
+    "neg_log_accept": _neg_log_accept,
+    "lk": _lk,
+}
+
+
+def _chunk_sum(
+    loss_fn: _RowLoss,
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    rows: torch.Tensor,
+    vocab_ids: torch.Tensor | None,
+    temperature: float,
+    beta: float,
+) -> torch.Tensor:
+    # row selection, fp32 casts and every [n, V] intermediate live inside the checkpointed region
+    t = target_logits.index_select(0, rows).float() / temperature
+    d = draft_logits.index_select(0, rows).float() / temperature
+    return loss_fn(t, d, vocab_ids, beta).sum()
+
+
+def divergence(
+    kind: DivergenceKind,
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    vocab_ids: torch.Tensor | None = None,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """Mean per-token divergence D(p || q) over unmasked tokens -> scalar (float32).
+
+    target_logits [N, V] (or [..., V]; treated as constants), draft_logits [N, V], or [N, V_d] with `vocab_ids`
+    [V_d] the sorted target ids of the draft's rows; mask [N] bool or 0/1 (None = every token). `temperature` is
+    the decode temperature (0 is treated as 1). `beta` is the JSD weight, in (0, 1). Returns 0 (still attached to
+    the graph) when no token is unmasked.
+    """
+    if kind not in LOSSES:
+        raise DraftsmithError(f"unknown divergence {kind!r}; choose one of {', '.join(LOSSES)}")
+    if kind == "jsd" and not 0.0 < beta < 1.0:
+        raise DraftsmithError(
+            f"jsd beta must be in (0, 1), got {beta}; for the endpoints use kind='fkl' (beta->0) or 'rkl' (beta->1)"
+        )
+    if temperature < 0:
+        raise DraftsmithError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if chunk_size < 1:
+        raise DraftsmithError(f"chunk_size must be >= 1, got {chunk_size}")
+    temperature = 1.0 if temperature == 0 else float(temperature)
+
+    vocab = target_logits.shape[-1]
+    target_logits = target_logits.detach().reshape(-1, vocab)
+    draft_logits = draft_logits.reshape(-1, draft_logits.shape[-1])
+    if draft_logits.shape[0] != target_logits.shape[0]:
+        raise DraftsmithError(
+            f"target and draft logits cover different token counts ({target_logits.shape[0]} vs "
+            f"{draft_logits.shape[0]}); align them on the same positions before the loss"
+        )
+    if vocab_ids is not None:
+        vocab_ids = vocab_ids.to(device=target_logits.device, dtype=torch.long)
+        if vocab_ids.dim() != 1 or draft_logits.shape[-1] != vocab_ids.numel():
+            raise DraftsmithError(
+                f"draft logits have {draft_logits.shape[-1]} columns but vocab_ids has shape "
+                f"{tuple(vocab_ids.shape)}; pass the draft's own draft_vocab ids"
+            )
+    elif draft_logits.shape[-1] != vocab:
+        raise DraftsmithError(
+            f"draft vocab {draft_logits.shape[-1]} != target vocab {vocab}; pass vocab_ids for a reduced-vocab draft"
+        )
+
+    if mask is None:
+        rows = torch.arange(target_logits.shape[0], device=target_logits.device)
+    else:
+        mask = mask.reshape(-1)
+        if mask.numel() != target_logits.shape[0]:
+            raise DraftsmithError(f"mask has {mask.numel()} entries for {target_logits.shape[0]} tokens")
+        rows = mask.to(target_logits.device).bool().nonzero().squeeze(-1)
+    n_tokens = rows.numel()
+    if n_tokens == 0:
+        return draft_logits.sum().float() * 0.0
+
+    loss_fn = LOSSES[kind]
+    use_ckpt = torch.is_grad_enabled() and draft_logits.requires_grad
+    total = draft_logits.new_zeros((), dtype=torch.float32)
+    for start in range(0, n_tokens, chunk_size):
+        chunk = rows[start : start + chunk_size]
+        args = (loss_fn, target_logits, draft_logits, chunk, vocab_ids, temperature, beta)
+        if use_ckpt:
+            total = total + checkpoint(_chunk_sum, *args, use_reentrant=False)
+        else:
+            total = total + _chunk_sum(*args)
+    return total / n_tokens

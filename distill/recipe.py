@@ -1,0 +1,462 @@
+"""Distillation recipe: config sections, draft set-up, the loss closure and held-out acceptance eval.
+
+`train/distill.py` (accelerate entry script) and `draftsmith quickstart` both call `run_distill(cfg, accelerator)`;
+the loop itself is the generic `draftsmith.trainer.run`. Loss (DistillSpec, Zhou et al. 2024, eq. 1):
+    L = mean over response tokens t of  D(p(.|x, y<t) || q(.|x, y<t)),  p = target (no grad), q = draft,
+both at `loss.temperature`; D from `draftsmith.distill.divergences` (fkl, rkl, jsd, tvd, neg_log_accept, lk).
+Every eval logs predicted acceptance on held-out data (teacher-forced, i.i.d. tau formula): alpha (1 - TVD at the
+decode warp), top-1 agreement (greedy alpha) and tau for k = 1..8, bonus token included.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from draftsmith.distill.divergences import DivergenceKind, divergence
+from draftsmith.distill.policies import (
+    DataPolicy,
+    Example,
+    PolicyKind,
+    collate,
+    examples_from_file,
+    split_heldout,
+)
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.trainer import TrainArgs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoraArgs:
+    enabled: bool = False
+    """Train LoRA adapters instead of all draft weights (merged into the weights before saving final/)."""
+    r: int = 16
+    """LoRA rank."""
+    alpha: int = 32
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """LoRA dropout."""
+    target_modules: str = "all-linear"
+    """peft target_modules ("all-linear" = every Linear but lm_head)."""
+
+
+@dataclass
+class ModelArgs:
+    target: str = "smollm2-135m"
+    """Target model: Hub id, folder, .gguf or smollm2-135m."""
+    init: Literal["existing", "shrink", "fresh"] = "shrink"
+    """Draft initialisation: a pretrained small model, a subset of the target's layers, or random."""
+    draft: str | None = None
+    """init=existing: the draft model (Hub id/folder); its tokenizer is checked against the target's first."""
+    layers: list[int] | None = None
+    """init=shrink: target layer indices to keep; null = num_layers spread evenly (first and last included)."""
+    num_layers: int = 4
+    """init=shrink/fresh: number of draft decoder layers."""
+    hidden_size: int = 0
+    """init=fresh: hidden size (0 = half the target's)."""
+    intermediate_size: int = 0
+    """init=fresh: MLP size (0 = the target's ratio)."""
+    vocab_size: int = 0
+    """Reduced draft output vocabulary: the N most frequent training tokens (+ special tokens); 0 = full vocab."""
+    dtype: str = "auto"
+    """Target weights dtype (auto = bf16 on CUDA, fp32 on CPU). Draft master weights are fp32."""
+    trust_remote_code: bool = False
+    """Allow model repos with custom code (off: only enable for repos you trust)."""
+    lora: LoraArgs = field(default_factory=LoraArgs)
+
+
+@dataclass
+class DataArgs:
+    source: str | None = None
+    """A `draftsmith generate` folder (token ids) or a .jsonl with prompt+response records."""
+    policy: PolicyKind = "target"
+    """fixed | target | on_policy | mixture (DistillSpec data policies)."""
+    on_policy_fraction: float = 0.5
+    """mixture: probability a batch is sampled by the draft."""
+    on_policy_max_new_tokens: int = 128
+    """on_policy/mixture: response length the draft samples."""
+    on_policy_temperature: float = 1.0
+    """on_policy/mixture: draft sampling temperature (0 = greedy)."""
+    max_length: int = 1024
+    """Prompt + response tokens per sequence (longer ones are cut)."""
+    eval_size: int = 64
+    """Examples held out from `source` for the acceptance eval (never trained on)."""
+    limit: int | None = None
+    """Use only the first N examples of `source`."""
+
+
+@dataclass
+class LossArgs:
+    kind: DivergenceKind = "fkl"
+    """Divergence: fkl, rkl, jsd, tvd, neg_log_accept, lk."""
+    temperature: float = 1.0
+    """Temperature both distributions are taken at in the loss (the decode temperature; 0 is treated as 1)."""
+    beta: float = 0.5
+    """jsd: weight in (0, 1)."""
+    chunk_size: int = 1024
+    """Tokens per chunk in the loss (bounds the [chunk, V] fp32 memory)."""
+
+
+@dataclass
+class EvalArgs:
+    temperature: float = 0.0
+    """Decode temperature the predicted acceptance is measured at (0 = greedy)."""
+    top_p: float = 1.0
+    """Decode top-p for the predicted acceptance."""
+    top_k: int = 0
+    """Decode top-k for the predicted acceptance."""
+    batch_size: int = 8
+    """Sequences per eval forward pass."""
+    k: int = 4
+    """Draft length whose predicted tau is the headline number."""
+
+
+@dataclass
+class DistillConfig:
+    model: ModelArgs = field(default_factory=ModelArgs)
+    data: DataArgs = field(default_factory=DataArgs)
+    loss: LossArgs = field(default_factory=LossArgs)
+    train: TrainArgs = field(default_factory=TrainArgs)
+    eval: EvalArgs = field(default_factory=EvalArgs)
+    output_dir: str = "runs/distill"
+    """Run folder: run.yaml, metrics.jsonl, checkpoints/, final/."""
+    push_to_hub: str | None = None
+    """Hub repo id to publish final/ to after training (token from HF_TOKEN / huggingface-cli login)."""
+
+
+class DraftLM(torch.nn.Module):
+    """The draft as one module for accelerate: forward gives logits over its (reduced) vocabulary [B, T, V_d]."""
+
+    def __init__(self, model: torch.nn.Module, vocab_ids: torch.Tensor | None):
+        super().__init__()
+        self.model = model
+        self.has_vocab = vocab_ids is not None
+        self.register_buffer(
+            "vocab_ids", vocab_ids if self.has_vocab else torch.zeros(0, dtype=torch.long), persistent=False
+        )
+
+    @property
+    def _no_split_modules(self):  # FSDP/accelerate auto-wrap looks for this on the prepared module
+        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return getattr(inner, "_no_split_modules", None)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        from draftsmith.distill.vocab import restricted_logits
+
+        vocab_ids = self.vocab_ids if self.has_vocab else None
+        return restricted_logits(self.model, input_ids, attention_mask, vocab_ids=vocab_ids)[0]
+
+
+def target_logits_at(
+    target, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
+    """Target logits [N, V] at the positions `rows` ([B, T] bool) only: the vocab projection of a large-V target is
+    a large share of its forward, so it runs on the scored positions alone."""
+    with torch.no_grad():
+        try:
+            decoder, head = target.get_decoder(), target.get_output_embeddings()
+        except (AttributeError, NotImplementedError):
+            decoder = head = None
+        if decoder is None or head is None:
+            return target(input_ids=input_ids, attention_mask=attention_mask).logits[rows]
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = head(hidden[rows])
+        softcap = getattr(target.config, "final_logit_softcapping", None)
+        return torch.tanh(logits / softcap) * softcap if softcap else logits
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    while hasattr(model, "module"):  # DDP / FSDP / torch.compile wrappers
+        model = model.module
+    return model
+
+
+def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
+    """loss_fn(prepared DraftLM, RawBatch) -> (loss, metrics) for draftsmith.trainer.run."""
+
+    def loss_fn(model: torch.nn.Module, raw) -> tuple[torch.Tensor, dict]:
+        draft = _unwrap(model)
+        batch = policy.materialize(raw, draft.model if raw.on_policy else None)
+        dev = next(draft.parameters()).device
+        input_ids, attn = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
+        rows = batch["loss_mask"].to(dev)[:, 1:]  # logits at t predict token t+1: score response tokens
+        target_logits = target_logits_at(target, input_ids, attn, torch.nn.functional.pad(rows, (0, 1)))
+        draft_logits = model(input_ids, attn)[:, :-1][rows]
+        loss = divergence(
+            cfg.kind,
+            target_logits,
+            draft_logits,
+            temperature=cfg.temperature,
+            beta=cfg.beta,
+            vocab_ids=policy.vocab_ids,
+            chunk_size=cfg.chunk_size,
+        )
+        return loss, {
+            "n_tokens": int(attn.sum()),
+            "loss_tokens": float(rows.sum()),
+            "on_policy": float(raw.on_policy),
+        }
+
+    return loss_fn
+
+
+def evaluate_examples(
+    target,
+    draft: DraftLM,
+    examples: list[Example],
+    cfg: EvalArgs,
+    loss_cfg: LossArgs,
+    pad_id: int,
+    max_length: int,
+) -> dict:
+    """Teacher-forced predicted acceptance of `draft` on `examples` (responses scored, prompts not)."""
+    from draftsmith.distill.metrics import AcceptanceMeter
+
+    meter = AcceptanceMeter(cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
+    dev = next(draft.parameters()).device
+    vocab_ids = draft.vocab_ids if draft.has_vocab else None
+    loss_sum, n = 0.0, 0
+    for b in range(0, len(examples), cfg.batch_size):
+        chunk = examples[b : b + cfg.batch_size]
+        batch = collate([(e.prompt_ids, e.response_ids) for e in chunk], pad_id, max_length)
+        input_ids, attn = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
+        rows = batch["loss_mask"].to(dev)[:, 1:]
+        if not rows.any():
+            continue
+        t_logits = target_logits_at(target, input_ids, attn, torch.nn.functional.pad(rows, (0, 1)))
+        d_logits = draft(input_ids, attn)[:, :-1][rows]
+        meter.update(t_logits, d_logits, vocab_ids=vocab_ids)
+        kw = {"temperature": loss_cfg.temperature, "beta": loss_cfg.beta, "vocab_ids": vocab_ids}
+        loss_sum += float(divergence(loss_cfg.kind, t_logits, d_logits, **kw)) * int(rows.sum())
+        n += int(rows.sum())
+    res = meter.compute()
+    res["loss"] = loss_sum / max(n, 1)
+    res[f"tau_k{cfg.k}"] = res["tau"][cfg.k] if cfg.k in res["tau"] else None
+    res[f"tau_greedy_k{cfg.k}"] = res["tau_greedy"].get(cfg.k)
+    return res
+
+
+# --- set-up and the whole run ------------------------------------------------------------------------------------
+
+
+@dataclass
+class DistillSetup:
+    target: torch.nn.Module
+    draft: DraftLM
+    tokenizer: object
+    policy: DataPolicy
+    eval_examples: list[Example]
+    init_info: dict
+
+
+def special_ids(tokenizer, model) -> list[int]:
+    """Ids a reduced vocabulary must always keep (eos so the draft can stop, bos/pad/unk)."""
+    from draftsmith.selfdistill import _eos_ids
+
+    ids = set(_eos_ids(model, tokenizer))
+    for name in ("bos_token_id", "pad_token_id", "unk_token_id"):
+        if getattr(tokenizer, name, None) is not None:
+            ids.add(int(getattr(tokenizer, name)))
+    return sorted(ids)
+
+
+def build_draft(cfg: ModelArgs, target, device) -> tuple[torch.nn.Module, dict]:
+    """The draft before training, per `cfg.init` (+ LoRA). Returns (model in train mode, fp32; init record)."""
+    from draftsmith.distill import init
+
+    n_target = target.config.get_text_config().num_hidden_layers
+    if cfg.init == "existing":
+        if not cfg.draft:
+            raise DraftsmithError(
+                "model.init=existing needs model.draft (a Hub id or folder of a small model)"
+            )
+        draft = init.existing(cfg.draft, dtype="fp32", device=device)
+        info = {"init": "existing", "draft": cfg.draft}
+    elif cfg.init == "shrink":
+        layers = cfg.layers if cfg.layers else init.select_layers(n_target, cfg.num_layers)
+        draft = init.shrink(target, layers)
+        info = {"init": "shrink", "layers": list(layers)}
+    else:
+        tcfg = target.config.get_text_config()
+        hidden = cfg.hidden_size or tcfg.hidden_size // 2
+        draft = init.fresh(
+            target.config,
+            hidden_size=hidden,
+            num_layers=cfg.num_layers,
+            intermediate_size=cfg.intermediate_size or None,
+            copy_from=target if hidden == tcfg.hidden_size else None,
+        )
+        info = {"init": "fresh", "hidden_size": hidden, "num_layers": cfg.num_layers}
+    draft = draft.to(device=device, dtype=torch.float32).train()
+    draft.requires_grad_(True)
+    if cfg.lora.enabled:
+        from draftsmith.distill.init import add_lora
+
+        draft = add_lora(
+            draft,
+            r=cfg.lora.r,
+            alpha=cfg.lora.alpha,
+            dropout=cfg.lora.dropout,
+            target_modules=cfg.lora.target_modules,
+        )
+        info["lora"] = {"r": cfg.lora.r, "alpha": cfg.lora.alpha}
+    return draft, info
+
+
+def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None) -> DistillSetup:
+    """Load/check the target, data and draft. `target`/`tokenizer` may be passed in (already loaded)."""
+    from draftsmith.distill.vocab import build_vocab_ids, token_counts
+
+    from draftsmith import models
+    from draftsmith.compat import check_compatible
+    from draftsmith.prompts import is_eval_source
+
+    m, d = cfg.model, cfg.data
+    if not d.source:
+        raise DraftsmithError(
+            "data.source is required: a draftsmith generate folder or a .jsonl with responses"
+        )
+    if is_eval_source(d.source):
+        raise DraftsmithError(
+            f"{d.source} is an evaluation set; train on other data (e.g. draftsmith generate output)"
+        )
+    if m.init == "existing" and m.draft:
+        check_compatible(m.target, m.draft, m.trust_remote_code)  # before any weights load
+    if tokenizer is None:
+        tokenizer = models.load_tokenizer(m.target, m.trust_remote_code)
+    examples = examples_from_file(d.source, tokenizer)
+    if d.limit:
+        examples = examples[: d.limit]
+    train_ex, eval_ex = split_heldout(examples, d.eval_size, cfg.train.seed)
+    if target is None:
+        target = models.load_model(
+            m.target, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code
+        )
+    target.eval().requires_grad_(False)
+    vocab = target.config.get_text_config().vocab_size
+    draft, info = build_draft(m, target, device)
+    specials = special_ids(tokenizer, target)
+    vocab_ids = None
+    if m.vocab_size:
+        counts = token_counts((e.prompt_ids + e.response_ids for e in train_ex), vocab)
+        vocab_ids = build_vocab_ids(counts, m.vocab_size, always=specials).to(device)
+        covered = float(counts[vocab_ids.cpu()].sum()) / max(float(counts.sum()), 1.0)
+        info["draft_vocab"] = {"size": m.vocab_size, "train_token_coverage": round(covered, 4)}
+    elif draft.config.get_text_config().vocab_size != vocab:
+        # same tokenizer, different padding rows (e.g. Qwen2.5-7B 152064 vs 0.5B 151936): score the shared ids
+        shared = min(vocab, draft.config.get_text_config().vocab_size)
+        vocab_ids = torch.arange(shared, device=device)
+        info["draft_vocab"] = {"size": shared, "reason": "target and draft vocab sizes differ (padding rows)"}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else specials[0]
+    policy = DataPolicy(
+        d.policy,
+        train_ex,
+        cfg.train.batch_size,
+        pad_id=pad,
+        eos_ids=_eos(target, tokenizer),
+        max_length=d.max_length,
+        on_policy_fraction=d.on_policy_fraction,
+        max_new_tokens=d.on_policy_max_new_tokens,
+        temperature=d.on_policy_temperature,
+        seed=cfg.train.seed,
+        vocab_ids=vocab_ids,
+    )
+    return DistillSetup(target, DraftLM(draft, vocab_ids), tokenizer, policy, eval_ex, info)
+
+
+def _eos(target, tokenizer) -> list[int]:
+    from draftsmith.selfdistill import _eos_ids
+
+    return _eos_ids(target, tokenizer)
+
+
+def save_draft(
+    draft: DraftLM, out_dir: Path, tokenizer, target_spec: str, info: dict, run_config: dict
+) -> None:
+    """final/: an HF causal LM folder (full-vocab lm_head; LoRA merged) + tokenizer + draft_vocab + provenance."""
+    from draftsmith.distill.vocab import save_draft_vocab
+
+    from draftsmith import models
+
+    model = draft.model
+    if hasattr(model, "merge_and_unload"):  # peft: bake the adapters into the weights
+        model = model.merge_and_unload()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    if draft.has_vocab:
+        save_draft_vocab(out_dir, draft.vocab_ids.cpu())
+    try:
+        target_info = models.describe(target_spec)
+    except DraftsmithError:
+        target_info = {"name": target_spec}
+    record = {"target": target_info, "init": info, "recipe": run_config}
+    (Path(out_dir) / "draftsmith_draft.json").write_text(json.dumps(record, indent=1, default=str))
+
+
+def run_distill(
+    cfg: DistillConfig,
+    accelerator,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    target=None,
+    tokenizer=None,
+    extra_eval: dict[str, list[Example]] | None = None,
+) -> dict:
+    """Set up and train a draft; returns draftsmith.trainer.run's summary plus "final_dir" and "init".
+
+    `extra_eval` {name: examples} are scored at every eval beside the held-out split (the quickstart uses it for
+    target responses to dev-eval prompts: measuring on them is fine, training on them is not)."""
+    from draftsmith.config import to_dict
+    from draftsmith.trainer import run
+
+    s = setup(cfg, accelerator.device, target=target, tokenizer=tokenizer)
+    pad = s.policy.pad_id
+    eval_sets = {"heldout": s.eval_examples, **(extra_eval or {})}
+
+    def eval_fn(model: DraftLM) -> dict:
+        return {
+            name: evaluate_examples(s.target, model, exs, cfg.eval, cfg.loss, pad, cfg.data.max_length)
+            for name, exs in eval_sets.items()
+            if exs
+        }
+
+    run_config = to_dict(cfg)
+    out = Path(cfg.output_dir)
+
+    def save_fn(model: DraftLM, out_dir: Path) -> None:
+        save_draft(model, out_dir, s.tokenizer, cfg.model.target, s.init_info, run_config)
+
+    if accelerator.is_main_process and s.init_info.get("draft_vocab"):
+        log.info("draft vocab: %s", s.init_info["draft_vocab"])
+    summary = run(
+        accelerator,
+        s.draft,
+        make_loss_fn(s.target, s.policy, cfg.loss),
+        s.policy,
+        cfg.train,
+        out,
+        eval_fn=eval_fn,
+        save_fn=save_fn,
+        resume=resume,
+        overwrite=overwrite,
+        run_config=run_config,
+        progress=progress,
+    )
+    summary.update({"final_dir": str(out / "final"), "init": s.init_info})
+    if cfg.push_to_hub and accelerator.is_main_process:
+        from draftsmith.hub import push_to_hub
+
+        eval_json = out / "eval" / "eval.json"
+        push_to_hub(
+            str(out / "final"), cfg.push_to_hub, eval_json=str(eval_json) if eval_json.is_file() else None
+        )
+    return summary

@@ -1,0 +1,244 @@
+"""EAGLE-3 heads -> SGLang's `LlamaForCausalLMEagle3` folder and vLLM's *speculators* `Eagle3Speculator` folder.
+
+Both engines run the same math as draftsmith's head: fc(cat(aux states)) -> one decoder layer whose attention
+reads cat(input_layernorm(embed), hidden_norm(fc_out)) -> norm -> lm_head over the draft vocab, draft id i ->
+target id i + d2t[i]. What differs is naming and, dangerously, the meaning of the aux-layer ids.
+
+Aux-layer ids (checked in the engines' source, Nov 2026):
+- draftsmith stores `aux_hidden_state_layer_ids` as *layer inputs*: id i = the residual stream entering decoder
+  layer i = HF `output_hidden_states[i]` ("aux_layer_convention": "layer_input").
+- vLLM (model_executor/models/llama.py `LlamaModel.forward`) appends `hidden_states + residual` *before* running
+  layer idx when idx is in `aux_hidden_state_layers`, and gpu_model_runner / v1 spec_decode eagle3_utils pass the
+  draft config's `eagle_aux_hidden_state_layer_ids` straight in: vLLM ids are layer inputs, the same as ours.
+  The speculators library trains from vLLM-captured states with that convention.
+- SGLang (srt/models/llama.py `set_eagle3_layers_to_capture`) stores `val + 1` for each id from
+  `eagle_config.eagle_aux_hidden_state_layer_ids` ("for the ith layer, it takes the output of the (i-1)th layer")
+  and captures before layer val+1: SGLang ids are layer *outputs*, so we write i - 1.
+  Newer vLLM reads a top-level `eagle_aux_layer_semantics: "sglang"` and adds the +1 itself, so the SGLang folder
+  also carries the ids top-level with that tag; older vLLM would read them unshifted - use `speculators` for vLLM.
+- Both engines capture inside `for idx in range(num_layers)` with a `residual` that is None before layer 0, and
+  concatenate in layer order: ids must be increasing and within [1, N-1].
+
+Other silent traps handled here: SGLang ties lm_head to embed_tokens when `tie_word_embeddings` is true (we
+write false); SGLang loads the target's lm_head when `draft_vocab_size` is missing (we always write it); vLLM's
+speculators loader defaults `norm_before_residual` to True (we always write it); SGLang's Eagle-3 layer keeps the
+un-normalised residual, so a head trained with norm_before_residual=true cannot be served by it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.exporters.checkpoint import (
+    Checkpoint,
+    TensorInfo,
+    check_tensor_set,
+    expected_head_tensors,
+    target_field,
+)
+
+LLAMA_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "hidden_act",
+    "max_position_embeddings",
+)
+DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def aux_layer_ids(cfg: dict, num_target_layers: int, where: str) -> list[int]:
+    """The head's aux ids in draftsmith's layer-input convention, validated for the engines' capture loops."""
+    ids = cfg.get("aux_hidden_state_layer_ids")
+    conv = cfg.get("aux_layer_convention")
+    if conv != "layer_input":
+        raise DraftsmithError(
+            f"{where}: aux_layer_convention is {conv!r}, expected 'layer_input'; re-save the head with draftsmith "
+            "so the aux-layer ids can be converted to the engines' conventions"
+        )
+    if (
+        not isinstance(ids, list)
+        or len(ids) != 3
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    ):
+        raise DraftsmithError(
+            f"{where}: aux_hidden_state_layer_ids must be 3 integers, got {ids!r}; re-save the head"
+        )
+    if ids != sorted(set(ids)):
+        raise DraftsmithError(
+            f"{where}: aux_hidden_state_layer_ids {ids} must be strictly increasing (engines concatenate aux states "
+            "in layer order); retrain with sorted ids"
+        )
+    if ids[0] < 1 or ids[-1] > num_target_layers - 1:
+        raise DraftsmithError(
+            f"{where}: aux_hidden_state_layer_ids {ids} must lie in [1, {num_target_layers - 1}] (inputs of target "
+            "layers 1..N-1; engines cannot capture the embeddings or the final state); retrain with other layers"
+        )
+    return ids
+
+
+def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
+    """d2t[i] = target_id - i must map draft rows to distinct target ids, and t2d must mark exactly those ids."""
+    target_ids = d2t + torch.arange(d2t.numel(), dtype=d2t.dtype)
+    if int(target_ids.min()) < 0 or int(target_ids.max()) >= t2d.numel():
+        raise DraftsmithError(
+            f"{where}: d2t maps draft ids outside the target vocab [0, {t2d.numel()}); re-save the head"
+        )
+    if target_ids.unique().numel() != target_ids.numel():
+        raise DraftsmithError(f"{where}: d2t maps two draft ids to one target id; rebuild the draft vocab")
+    if int(t2d.sum()) != d2t.numel() or not bool(t2d[target_ids].all()):
+        raise DraftsmithError(
+            f"{where}: t2d does not mark exactly the target ids of d2t; rebuild the draft vocab"
+        )
+
+
+def llama_fields(cfg: dict, where: str) -> dict:
+    """The decoder-layer fields both engines read, with rope written both ways (transformers 4 and 5 readers)."""
+    if not cfg.get("max_position_embeddings"):
+        raise DraftsmithError(
+            f"{where}: config lacks max_position_embeddings; set it to the target's (a template 2048 collapses "
+            "acceptance on long contexts)"
+        )
+    out = {k: cfg[k] for k in LLAMA_KEYS if cfg.get(k) is not None}
+    out.setdefault("hidden_act", "silu")
+    out.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+    out.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    params = dict(cfg.get("rope_parameters") or {})
+    theta = cfg.get("rope_theta", params.get("rope_theta"))
+    if theta is None:
+        raise DraftsmithError(
+            f"{where}: config has neither rope_theta nor rope_parameters; copy them from the target"
+        )
+    params.setdefault("rope_type", (cfg.get("rope_scaling") or {}).get("rope_type", "default"))
+    params["rope_theta"] = theta
+    scaling = cfg.get("rope_scaling")
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    out.update(rope_theta=theta, rope_scaling=scaling, rope_parameters=params)
+    out.update(
+        model_type="llama",
+        num_hidden_layers=1,
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+    )
+    return out
+
+
+def _common(ckpt: Checkpoint) -> tuple[dict, list[int], dict[str, torch.Tensor]]:
+    where = f"eagle3 checkpoint {ckpt.path}"
+    if ckpt.kind != "eagle3":
+        raise DraftsmithError(
+            f"{ckpt.path} is a {ckpt.kind} checkpoint, not EAGLE-3; "
+            + ("use --format vllm-medusa" if ckpt.kind == "medusa" else "these formats need an EAGLE-3 head")
+        )
+    n_layers = target_field(ckpt.config, "num_hidden_layers", where)
+    ids = aux_layer_ids(ckpt.config, n_layers, where)
+    tensors = ckpt.load()
+    check_vocab_map(tensors["d2t"], tensors["t2d"], where)
+    return llama_fields(ckpt.config, where), ids, tensors
+
+
+def _target_hidden(ckpt: Checkpoint) -> int:
+    return int(
+        ckpt.config.get("target_hidden_size") or target_field(ckpt.config, "hidden_size", str(ckpt.path))
+    )
+
+
+def _dtype_name(tensors: dict[str, torch.Tensor]) -> str:
+    return DTYPES.get(tensors["fc.weight"].dtype, "float32")
+
+
+def _check_out(tensors: dict[str, torch.Tensor], fmt: str, cfg: dict, layer_prefix: str) -> None:
+    # re-derive the expected names from the *written* sizes, independently of the mapping that produced them
+    spec = {**cfg, "vocab_size": cfg["vocab_size"], "target": {"hidden_size": cfg["target_hidden_size"]}}
+    req, opt = expected_head_tensors("eagle3", spec, f"{fmt} export", layer_prefix)
+    infos = {k: TensorInfo(tuple(v.shape), "") for k, v in tensors.items()}
+    check_tensor_set(infos, req, opt, f"{fmt} export")
+
+
+def sglang_eagle3(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json dict, tensors) for SGLang `--speculative-algorithm EAGLE3 --speculative-draft-model-path DIR`."""
+    fields, ids, tensors = _common(ckpt)
+    if ckpt.config.get("norm_before_residual"):
+        raise DraftsmithError(
+            f"{ckpt.path}: the head was trained with norm_before_residual=true but SGLang's LlamaForCausalLMEagle3 "
+            "keeps the un-normalised residual; export --format speculators for vLLM instead"
+        )
+    h, ht = ckpt.config["hidden_size"], _target_hidden(ckpt)
+    if h != ht and "embed_tokens.weight" not in tensors:
+        raise DraftsmithError(
+            f"{ckpt.path}: head hidden size {h} differs from the target's {ht} and the head has no embed_tokens; "
+            "SGLang only shares the target's embeddings when the sizes match - save embed_tokens with the head"
+        )
+    sglang_ids = [i - 1 for i in ids]  # layer inputs -> SGLang layer outputs (see module docstring)
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **fields,
+        "vocab_size": int(tensors["t2d"].numel()),
+        "draft_vocab_size": int(tensors["d2t"].numel()),
+        "target_hidden_size": ht,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": sglang_ids, "use_aux_hidden_state": True},
+        "eagle_aux_hidden_state_layer_ids": sglang_ids,
+        "eagle_aux_layer_semantics": "sglang",
+        "torch_dtype": _dtype_name(tensors),
+        "dtype": _dtype_name(tensors),
+    }
+    out = {k: v.contiguous() for k, v in tensors.items()}
+    _check_out(out, "sglang-eagle3", cfg, "midlayer.")
+    return cfg, out
+
+
+def speculators_eagle3(ckpt: Checkpoint, speculative_tokens: int = 3) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json dict, tensors) in vLLM's speculators format (`vllm serve DIR` or speculative_config model=DIR)."""
+    fields, ids, tensors = _common(ckpt)
+    target = ckpt.config["target"]
+    verifier = target.get("hub_id") or target.get("name_or_path")
+    if not verifier:
+        raise DraftsmithError(
+            f"{ckpt.path}: the head's config names no target (target.hub_id / name_or_path); re-save it"
+        )
+    if speculative_tokens < 1:
+        raise DraftsmithError(f"speculative_tokens must be >= 1, got {speculative_tokens}")
+    layer_cfg = {**fields, "vocab_size": int(tensors["t2d"].numel()), "architectures": ["LlamaForCausalLM"]}
+    cfg = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": speculative_tokens,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": list(target.get("architectures") or [])},
+        },
+        "transformer_layer_config": layer_cfg,
+        "draft_vocab_size": int(tensors["d2t"].numel()),
+        "norm_before_residual": bool(ckpt.config.get("norm_before_residual", False)),
+        "norm_before_fc": False,
+        "target_hidden_size": _target_hidden(ckpt),
+        "eagle_aux_hidden_state_layer_ids": ids,  # vLLM convention == draftsmith's layer inputs
+        "torch_dtype": _dtype_name(tensors),
+        "dtype": _dtype_name(tensors),
+    }
+    # speculators names the decoder layer `layers.0.` (vLLM also maps `midlayer.` there, but speculators does not)
+    out = {
+        (("layers.0." + k[len("midlayer.") :]) if k.startswith("midlayer.") else k): v.contiguous()
+        for k, v in tensors.items()
+    }
+    flat = {
+        **layer_cfg,
+        "draft_vocab_size": cfg["draft_vocab_size"],
+        "target_hidden_size": cfg["target_hidden_size"],
+    }
+    _check_out(out, "speculators", flat, "layers.0.")
+    return cfg, out

@@ -1,0 +1,63 @@
+"""Medusa heads -> vLLM's `MedusaModel` folder (`speculative_config={"method": "medusa", "model": DIR}`).
+
+vLLM (model_executor/models/medusa.py) builds `blocks[h].layers[l]` = Linear(H, H, bias=medusa_fc_bias) applied
+as x + SiLU(layer(x)), and one `lm_heads[h]` [V, H] per head (unless `original_lm_head`), over the target's final
+(normed) hidden state; it proposes the top-1 token of each head. Our native names are already these.
+
+Traps, from vllm/transformers_utils/configs/medusa.py: `medusa_fc_bias` defaults to False (our blocks have biases,
+which would be skipped silently), and `MedusaConfig.from_pretrained` renames *every* key containing "num" and
+"heads" to num_heads and "num" and "layers" to num_hidden_layers, so the config may hold no other such key.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.exporters.checkpoint import Checkpoint, TensorInfo, check_tensor_set, expected_head_tensors
+
+DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _num_keys(cfg: dict) -> list[str]:
+    return [k for k in cfg if "num" in k and ("heads" in k or "layers" in k)]
+
+
+def vllm_medusa(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json dict, tensors) for vLLM's Medusa loader."""
+    if ckpt.kind != "medusa":
+        raise DraftsmithError(
+            f"{ckpt.path} is a {ckpt.kind} checkpoint, not Medusa; "
+            + (
+                "use --format sglang-eagle3 or speculators"
+                if ckpt.kind == "eagle3"
+                else "vllm-medusa needs a Medusa head"
+            )
+        )
+    c = ckpt.config
+    tensors = {k: v.contiguous() for k, v in ckpt.load().items()}
+    bias = bool(c.get("medusa_fc_bias", True))
+    cfg = {
+        "architectures": ["MedusaModel"],
+        "model_type": "medusa",
+        "hidden_size": c["hidden_size"],
+        "vocab_size": c["vocab_size"],
+        "num_heads": c["num_heads"],
+        "num_hidden_layers": c["num_layers"],  # ResBlock layers per head
+        "medusa_fc_bias": bias,
+        "truncated_vocab_size": c["vocab_size"],  # full vocab: no token_map
+        "torch_dtype": DTYPES.get(tensors["lm_heads.0.weight"].dtype, "float32"),
+    }
+    assert sorted(_num_keys(cfg)) == ["num_heads", "num_hidden_layers"], _num_keys(cfg)
+    spec = {
+        "num_heads": cfg["num_heads"],
+        "num_layers": cfg["num_hidden_layers"],
+        "hidden_size": cfg["hidden_size"],
+        "vocab_size": cfg["vocab_size"],
+        "medusa_fc_bias": bias,
+    }
+    req, opt = expected_head_tensors("medusa", spec, "vllm-medusa export")
+    check_tensor_set(
+        {k: TensorInfo(tuple(v.shape), "") for k, v in tensors.items()}, req, opt, "vllm-medusa export"
+    )
+    return cfg, tensors

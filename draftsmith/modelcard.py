@@ -1,0 +1,334 @@
+"""Model cards for published drafters: front matter + a model-index holding the *measured* results of
+`draftsmith eval` (eval.json, design contract 3), the recipe, and how to load the drafter with draftsmith,
+transformers, vLLM or SGLang.
+
+Every number in the model-index is copied unrounded from eval.json, so the card can be checked against the run.
+τ is the mean accepted length per target step *including the bonus token* (EAGLE's convention), and the speedup
+is wall-clock against plain decoding of the same target measured in the same run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import yaml
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.exporters.checkpoint import EXPORT_MANIFEST, read_json
+
+log = logging.getLogger(__name__)
+
+KIND_TAGS = {"draft": "distillspec", "medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}
+KIND_TEXT = {
+    "draft": "a distilled draft model (DistillSpec-style knowledge distillation)",
+    "medusa": "Medusa heads",
+    "eagle": "an EAGLE head",
+    "eagle3": "an EAGLE-3 head",
+}
+LIBRARY = {
+    "draft": "transformers",
+    "hf": "transformers",
+    "speculators": "vllm",
+    "vllm-medusa": "vllm",
+    "sglang-eagle3": "sglang",
+}
+REQUIRED_EVAL = ("tau", "alpha_per_position", "speedup", "tokens_per_s", "conditions")
+CONDITION_KEYS = (
+    "k",
+    "tree",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens",
+    "device",
+    "dtype",
+    "hardware",
+)
+
+
+def describe_folder(path: str | os.PathLike) -> dict:
+    """What a folder to publish is: kind (draft/medusa/eagle/eagle3), export format (or None), target dict."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise DraftsmithError(f"checkpoint {p} not found; pass a draftsmith checkpoint or export folder")
+    fmt = None
+    if (p / EXPORT_MANIFEST).is_file():
+        man = read_json(p / EXPORT_MANIFEST, "re-run draftsmith export")
+        fmt, kind, target = man.get("format"), man.get("source_kind"), dict(man.get("target") or {})
+        return {"kind": kind, "format": fmt, "target": target, "path": p}
+    from draftsmith.exporters.checkpoint import read_checkpoint
+
+    ckpt = read_checkpoint(p)  # validates tensor names/shapes of heads before anything is published
+    return {"kind": ckpt.kind, "format": None, "target": ckpt.target, "path": p, "config": ckpt.config}
+
+
+def load_eval(path: str | os.PathLike) -> dict:
+    """Read and check an eval.json written by `draftsmith eval --out DIR`."""
+    data = read_json(Path(path), "pass the eval.json written by draftsmith eval --out DIR")
+    for key in REQUIRED_EVAL:
+        if key not in data:
+            raise DraftsmithError(
+                f"{path} lacks {key!r}; pass the eval.json written by draftsmith eval --out DIR"
+            )
+    if not isinstance(data["alpha_per_position"], list) or not isinstance(data["tokens_per_s"], dict):
+        raise DraftsmithError(
+            f"{path}: alpha_per_position must be a list and tokens_per_s an object; re-run draftsmith eval"
+        )
+    return data
+
+
+def find_eval(ckpt_dir: Path) -> Path | None:
+    """eval.json beside or under the checkpoint (or in its run folder), if any."""
+    for base in (ckpt_dir, ckpt_dir.parent, ckpt_dir.parent.parent):
+        for cand in (base / "eval.json", base / "eval" / "eval.json"):
+            if cand.is_file():
+                return cand
+    return None
+
+
+def find_run_yaml(ckpt_dir: Path) -> Path | None:
+    """run.yaml of the training run: in the checkpoint, its run folder (final/), or above checkpoints/step-N/."""
+    for base in (ckpt_dir, ckpt_dir.parent, ckpt_dir.parent.parent):
+        if (base / "run.yaml").is_file():
+            return base / "run.yaml"
+    return None
+
+
+def _front_matter(text: str) -> dict:
+    if not text.startswith("---"):
+        return {}
+    try:
+        data = yaml.safe_load(text.split("---", 2)[1])
+    except (yaml.YAMLError, IndexError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def target_license(target: dict) -> tuple[str | None, str]:
+    """(license, where it came from) for the target: its folder's README front matter, GGUF metadata, or the Hub."""
+    from draftsmith import models
+
+    for key in ("name_or_path", "name"):
+        spec = target.get(key)
+        if not spec:
+            continue
+        try:
+            ref = models.resolve(spec)
+        except DraftsmithError:
+            continue
+        if ref.kind == "dir" and (Path(ref.path) / "README.md").is_file():
+            lic = _front_matter((Path(ref.path) / "README.md").read_text(errors="replace")).get("license")
+            if lic:
+                return str(lic), f"{ref.path}/README.md"
+        if ref.kind == "gguf":
+            try:
+                import gguf
+
+                field = gguf.GGUFReader(str(Path(ref.path) / ref.gguf_file)).fields.get("general.license")
+                if field is not None:
+                    return str(field.contents()), f"GGUF metadata of {ref.gguf_file}"
+            except Exception as e:  # noqa: BLE001 - metadata is optional; the card says the license is unknown
+                log.debug("no GGUF license: %s", e)
+    hub_id = target.get("hub_id")
+    if hub_id and os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "", "false"):
+        try:
+            from huggingface_hub import model_info
+
+            lic = (model_info(hub_id).card_data or {}).get("license")
+            if lic:
+                return str(lic), f"https://huggingface.co/{hub_id}"
+        except Exception as e:  # noqa: BLE001
+            log.debug("no Hub license for %s: %s", hub_id, e)
+    return None, ""
+
+
+def _eval_results(ev: dict, prompts: str) -> list:
+    from huggingface_hub import EvalResult
+
+    cond = ev["conditions"]
+    args = {k: cond[k] for k in CONDITION_KEYS if k in cond and cond[k] is not None}
+    config = f"k={cond.get('k')} tree={cond.get('tree')} temperature={cond.get('temperature')}"
+    common = dict(
+        task_type="text-generation",
+        task_name="Speculative decoding",
+        dataset_type=prompts,
+        dataset_name=prompts,
+        dataset_args={"n_prompts": cond.get("n_prompts"), "max_new_tokens": cond.get("max_new_tokens")},
+        metric_config=config,
+        metric_args=args,
+    )
+    rows = [
+        (
+            "mean_accepted_length",
+            ev["tau"],
+            "tau: mean accepted tokens per target step (bonus token included)",
+        ),
+        ("speedup", ev["speedup"], "wall-clock speedup vs plain decoding (same run)"),
+        ("tokens_per_second", ev["tokens_per_s"].get("speculative"), "tokens/s, speculative"),
+        ("tokens_per_second", ev["tokens_per_s"].get("plain"), "tokens/s, plain decoding"),
+    ]
+    rows += [
+        ("acceptance_rate", a, f"alpha at draft position {i + 1}")
+        for i, a in enumerate(ev["alpha_per_position"])
+    ]
+    return [
+        EvalResult(metric_type=t, metric_value=v, metric_name=n, **common)
+        for t, v, n in rows
+        if v is not None
+    ]
+
+
+def _usage(kind: str, fmt: str | None, repo_id: str, target_id: str, k: int) -> str:
+    if fmt == "sglang-eagle3":
+        return (
+            f"```bash\npython -m sglang.launch_server --model {target_id} --speculative-algorithm EAGLE3 \\\n"
+            f"    --speculative-draft-model-path {repo_id} --speculative-num-steps {k} \\\n"
+            "    --speculative-eagle-topk 1 --speculative-num-draft-tokens "
+            f"{k + 1}\n```\n"
+            "For vLLM, export the head with `--format speculators` instead: the aux-layer ids in this folder "
+            "follow SGLang's convention.\n"
+        )
+    if fmt == "speculators":
+        return (
+            f"```bash\nvllm serve {repo_id}   # the verifier {target_id} is read from speculators_config\n"
+            f"# or: vllm serve {target_id} --speculative-config "
+            f'\'{{"method": "eagle3", "model": "{repo_id}", "num_speculative_tokens": {k}}}\'\n```\n'
+        )
+    if fmt == "vllm-medusa":
+        return (
+            f"```bash\nvllm serve {target_id} --speculative-config "
+            f'\'{{"method": "medusa", "model": "{repo_id}", "num_speculative_tokens": {k}}}\'\n```\n'
+        )
+    if kind == "draft":
+        return (
+            "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            f'target = AutoModelForCausalLM.from_pretrained("{target_id}")\n'
+            f'draft = AutoModelForCausalLM.from_pretrained("{repo_id}")\n'
+            f'tok = AutoTokenizer.from_pretrained("{target_id}")\n'
+            'inputs = tok.apply_chat_template([{"role": "user", "content": "Hi!"}], add_generation_prompt=True,'
+            ' return_tensors="pt", return_dict=True)\n'
+            "out = target.generate(**inputs, assistant_model=draft, max_new_tokens=128)\n```\n"
+            f"```bash\nvllm serve {target_id} --speculative-config "
+            f'\'{{"method": "draft_model", "model": "{repo_id}", "num_speculative_tokens": {k}}}\'\n```\n'
+        )
+    to = {"medusa": "vllm-medusa", "eagle3": "speculators   # or sglang-eagle3"}.get(kind)
+    return f"This is draftsmith's native {kind} format. Serving engines need an export:\n\n" + (
+        f"```bash\ndraftsmith export ./{repo_id.split('/')[-1]} --format {to} --out exported\n```\n"
+        if to
+        else "EAGLE-1 heads have no engine export in draftsmith yet.\n"
+    )
+
+
+def build_card(
+    info: dict, repo_id: str, eval_data: dict | None, run_yaml: str | None = None, eval_png: str | None = None
+) -> str:
+    """README.md text: YAML front matter (incl. model-index from eval.json) + body."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    kind, fmt, target = info["kind"], info.get("format"), info.get("target") or {}
+    target_id = target.get("hub_id") or target.get("name_or_path") or target.get("name") or "TARGET"
+    name = repo_id.split("/")[-1]
+    lic, lic_src = target_license(target)
+    tags = ["speculative-decoding", "draftsmith", KIND_TAGS.get(kind, kind)] + ([fmt] if fmt else [])
+    datasets = None
+    cond = (eval_data or {}).get("conditions", {})
+    prompts = str(cond.get("prompts") or "unknown")
+    data = ModelCardData(
+        base_model=target.get("hub_id") or None,
+        library_name=LIBRARY.get(fmt or kind, "draftsmith"),
+        license=lic,
+        tags=tags,
+        datasets=datasets,
+        model_name=name if eval_data else None,
+        eval_results=_eval_results(eval_data, prompts) if eval_data else None,
+        pipeline_tag="text-generation" if kind == "draft" else None,
+    )
+    k = int(cond.get("k") or 4)
+    body = [
+        f"# {name}\n",
+        f"{KIND_TEXT.get(kind, kind)} for speculative decoding with "
+        f"[{target_id}](https://huggingface.co/{target_id}), trained with draftsmith."
+        + (f" Exported as `{fmt}`." if fmt else "")
+        + "\n",
+    ]
+    if eval_data:
+        alphas = ", ".join(f"{a:.3f}" for a in eval_data["alpha_per_position"])
+        tps = eval_data["tokens_per_s"]
+        body += [
+            "## Measured results\n",
+            "Measured by `draftsmith eval`; τ counts the bonus token, speedup is wall-clock against plain "
+            "decoding of the same target in the same run.\n",
+            "| metric | value |\n|---|---|",
+            f"| τ (mean accepted length, bonus incl.) | {eval_data['tau']:.3f} |",
+            f"| α per draft position | {alphas} |",
+            f"| speedup | {eval_data['speedup']:.3f}× |",
+            f"| tokens/s speculative / plain | {tps.get('speculative')} / {tps.get('plain')} |",
+            f"| lossless (greedy output identical) | {eval_data.get('lossless')} |\n",
+            "Conditions:\n",
+            "| condition | value |\n|---|---|",
+        ]
+        body += [
+            f"| {key} | {cond[key]} |"
+            for key in (
+                "target",
+                "drafter_kind",
+                "k",
+                "tree",
+                "temperature",
+                "top_p",
+                "top_k",
+                "max_new_tokens",
+                "prompts",
+                "n_prompts",
+                "seed",
+                "device",
+                "dtype",
+                "hardware",
+                "torch_version",
+                "draftsmith_version",
+                "date",
+            )
+            if key in cond
+        ]
+        per_cat = eval_data.get("per_category") or {}
+        if per_cat:
+            body += ["\nPer category:\n", "| category | n | τ | speedup |\n|---|---|---|---|"]
+            body += [
+                f"| {c} | {v.get('n_prompts')} | {v.get('tau', float('nan')):.3f} | {v.get('speedup', float('nan')):.3f} |"
+                for c, v in per_cat.items()
+            ]
+        if eval_png:
+            body.append(f"\n![acceptance and speedup]({eval_png})")
+        body.append("")
+    else:
+        body += ["## Measured results\n", "None published with this checkpoint (pushed with --no-results).\n"]
+    body += [
+        "## How to use\n",
+        _usage(kind, fmt, repo_id, target_id, k),
+        f"Measure it yourself:\n\n```bash\ndraftsmith eval --target {target_id} --drafter "
+        f"{'draft' if kind == 'draft' else kind}:./{name} --prompts builtin:dev-eval --out eval\n```\n",
+    ]
+    if run_yaml:
+        body += [
+            "## Training recipe\n",
+            "The resolved `run.yaml` of the training run:\n",
+            f"```yaml\n{run_yaml.rstrip()}\n```\n",
+        ]
+    body += [
+        "## License\n",
+        f"`{lic}`, inherited from the target ({lic_src})."
+        if lic
+        else "Not stated: the target's license could not be determined offline; it governs use of this drafter.",
+    ]
+    content = f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body) + "\n"
+    ModelCard(
+        content, ignore_metadata_errors=False
+    )  # parses the front matter back: fails loudly if malformed
+    return content
+
+
+def parse_card(text: str) -> dict:
+    """Front matter of a card as a dict (for tests and checks)."""
+    return _front_matter(text)

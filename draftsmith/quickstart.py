@@ -1,0 +1,249 @@
+"""`draftsmith quickstart`: the whole loop on the embedded target, on a CPU, in minutes.
+
+    draftsmith quickstart [--out runs/quickstart] [--fast]
+
+1. the target (SmolLM2-135M-Instruct, embedded) answers builtin:train prompts -> OUT/data/train (token ids);
+   it also answers a few builtin:dev-eval prompts -> OUT/data/dev-eval: reference answers used only to *measure*
+   the draft (never trained on);
+2. a draft is cut from the target (a few of its layers, `distill.init.shrink`) with a reduced output vocabulary
+   (the 49152 x 576 output head would otherwise dominate a small draft's cost) and distilled (forward KL) on the
+   generated data -> OUT/distill (run.yaml, metrics.jsonl, final/ = an HF causal LM folder);
+3. predicted acceptance before/after on the dev-eval answers (teacher-forced; greedy alpha = top-1 agreement;
+   tau(k=4) with the i.i.d. formula, bonus token included);
+4. the speculative decoder measures the draft on dev-eval prompts: tau, lossless check and wall-clock speedup
+   over plain decoding in the same run -> OUT/eval (eval.json, report.md, eval.png).
+
+The recipe `recipes/smollm2-135m-quickstart.yaml` holds the same distillation settings for `train/distill.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class QuickstartSizes:
+    train_prompts: int
+    dev_prompts: int  # split evenly between vicuna and humaneval
+    max_new_tokens: int
+    steps: int
+    batch_size: int
+    lr: float
+    layers: list[int]
+    vocab_size: int
+    eval_prompts: int  # decoder eval
+    eval_max_new_tokens: int
+
+
+FULL = QuickstartSizes(
+    train_prompts=240,
+    dev_prompts=24,
+    max_new_tokens=96,
+    steps=220,
+    batch_size=8,
+    lr=1e-3,
+    layers=[0, 1, 15, 29],
+    vocab_size=8192,
+    eval_prompts=6,
+    eval_max_new_tokens=64,
+)
+FAST = QuickstartSizes(
+    train_prompts=24,
+    dev_prompts=4,
+    max_new_tokens=24,
+    steps=8,
+    batch_size=4,
+    lr=1e-3,
+    layers=[0, 29],
+    vocab_size=2048,
+    eval_prompts=2,
+    eval_max_new_tokens=16,
+)
+
+
+def distill_config(out: Path, target: str, sizes: QuickstartSizes, layers: list[int] | None = None):
+    """The quickstart's distillation recipe (mirrored by recipes/smollm2-135m-quickstart.yaml)."""
+    from draftsmith.config import from_dict
+    from draftsmith.distill.recipe import DistillConfig
+
+    return from_dict(
+        DistillConfig,
+        {
+            "model": {
+                "target": target,
+                "init": "shrink",
+                "layers": layers or sizes.layers,
+                "vocab_size": sizes.vocab_size,
+            },
+            "data": {
+                "source": str(out / "data" / "train"),
+                "policy": "target",
+                "max_length": 512,
+                "eval_size": 16,
+            },
+            "loss": {"kind": "fkl", "temperature": 1.0},
+            "train": {
+                "max_steps": sizes.steps,
+                "batch_size": sizes.batch_size,
+                "lr": sizes.lr,
+                "warmup_steps": max(sizes.steps // 20, 1),
+                "schedule": "cosine",
+                "log_every": max(sizes.steps // 20, 1),
+                "eval_every": 0,
+                "save_every": max(sizes.steps // 4, 1),
+                "keep_checkpoints": 1,
+                "mixed_precision": "auto",
+            },
+            "eval": {"temperature": 0.0, "k": 4},
+            "output_dir": str(out / "distill"),
+        },
+    )
+
+
+def dev_eval_prompts(n: int):
+    """n dev-eval prompts, half Vicuna-80 and half HumanEval (evaluation only)."""
+    from draftsmith.prompts import load_prompts
+
+    vic, he = load_prompts("builtin:vicuna"), load_prompts("builtin:humaneval")
+    return vic[: (n + 1) // 2] + he[: n // 2]
+
+
+def quickstart(
+    out: str | Path = "runs/quickstart",
+    *,
+    fast: bool = False,
+    target: str = "smollm2-135m",
+    sizes: QuickstartSizes | None = None,
+    run_decoder_eval: bool = True,
+    progress: bool = True,
+) -> dict:
+    """Run the four steps above; returns (and writes to OUT/quickstart.json) the before/after numbers."""
+    from draftsmith import models
+    from draftsmith.distill.policies import examples_from_generated
+    from draftsmith.distill.recipe import run_distill
+    from draftsmith.selfdistill import generate_dataset
+    from draftsmith.trainer import make_accelerator
+
+    sizes = sizes or (FAST if fast else FULL)
+    out = Path(out)
+    t_start = time.perf_counter()
+    timings: dict[str, float] = {}
+    tok = models.load_tokenizer(target)
+    device = models.default_device()
+    model = models.load_model(target, device=device)
+    n_layers = model.config.num_hidden_layers
+    layers = [i for i in sizes.layers if i < n_layers] or [0]
+
+    t = time.perf_counter()
+    print(
+        f"[1/4] {target} answers {sizes.train_prompts} builtin:train prompts (+{sizes.dev_prompts} dev-eval references)"
+    )
+    gen_kw = {
+        "max_new_tokens": sizes.max_new_tokens,
+        "batch_size": 16,
+        "model": model,
+        "tokenizer": tok,
+        "progress": progress,
+        "skip_long": True,
+    }
+    generate_dataset(target, "builtin:train", out / "data" / "train", limit=sizes.train_prompts, **gen_kw)
+    generate_dataset(
+        target, dev_eval_prompts(sizes.dev_prompts), out / "data" / "dev-eval", for_eval=True, **gen_kw
+    )
+    timings["generate_s"] = time.perf_counter() - t
+    dev_examples = examples_from_generated(out / "data" / "dev-eval", for_eval=True)
+
+    t = time.perf_counter()
+    cfg = distill_config(out, target, sizes, layers)
+    print(
+        f"[2/4] distilling a {len(layers)}-layer draft (target layers {layers}, {sizes.vocab_size}-token head), "
+        f"{sizes.steps} steps"
+    )
+    accelerator = make_accelerator(cfg.train)
+    summary = run_distill(
+        cfg,
+        accelerator,
+        overwrite=True,
+        progress=progress,
+        target=model,
+        tokenizer=tok,
+        extra_eval={"dev-eval": dev_examples},
+    )
+    timings["distill_s"] = time.perf_counter() - t
+    events = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in events if e["event"] == "eval"]
+    before, after = evals[0]["dev-eval"], evals[-1]["dev-eval"]
+    train_ev = [e for e in events if e["event"] == "train" and "tokens_per_s" in e]
+    tok_s = sum(e["n_tokens"] for e in train_ev) / max(sum(e["elapsed_s"] for e in train_ev), 1e-9)
+
+    ratio = after["tau_greedy"]["4"] / before["tau_greedy"]["4"]
+    print(
+        "[3/4] predicted acceptance on dev-eval target answers (greedy, teacher-forced, tau includes the bonus token)"
+    )
+    print(f"      before: top-1 alpha {before['top1']:.3f}  tau(k=4) {before['tau_greedy']['4']:.2f}")
+    print(
+        f"      after:  top-1 alpha {after['top1']:.3f}  tau(k=4) {after['tau_greedy']['4']:.2f}  ({ratio:.2f}x)"
+    )
+    print(f"      training: {tok_s:.0f} tokens/s, {timings['distill_s']:.0f} s")
+    result = {
+        "target": target,
+        "draft": summary["final_dir"],
+        "init": summary["init"],
+        "predicted": {"before": before, "after": after, "tau_k4_ratio": ratio},
+        "train_tokens_per_s": tok_s,
+        "sizes": sizes.__dict__,
+    }
+    if run_decoder_eval:
+        from draftsmith.decode.evaluate import evaluate
+
+        t = time.perf_counter()
+        print(
+            f"[4/4] speculative decoding vs plain decoding on {sizes.eval_prompts} dev-eval prompts (k=4, greedy)"
+        )
+        res = evaluate(
+            target,
+            f"draft:{summary['final_dir']}",
+            dev_eval_prompts(sizes.eval_prompts),
+            k=4,
+            max_new_tokens=sizes.eval_max_new_tokens,
+            out_dir=out / "eval",
+            target_model=model,
+            tokenizer=tok,
+            progress=progress,
+        )
+        timings["decoder_eval_s"] = time.perf_counter() - t
+        result["measured"] = {
+            key: res.get(key) for key in ("tau", "speedup", "tokens_per_s", "lossless", "alpha_per_position")
+        }
+        print(
+            f"      measured tau {res['tau']:.2f} (bonus included), speedup {res['speedup']:.2f}x, "
+            f"lossless {res['lossless']}; report: {out / 'eval' / 'report.md'}"
+        )
+    timings["total_s"] = time.perf_counter() - t_start
+    result["timings"] = timings
+    tmp = out / "quickstart.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1, default=str))
+    os.replace(tmp, out / "quickstart.json")
+    print(
+        f"done in {timings['total_s'] / 60:.1f} min; draft: {summary['final_dir']}  summary: {out / 'quickstart.json'}"
+    )
+    return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs/quickstart", help="output folder (data, distill run, eval)")
+    p.add_argument(
+        "--fast", action="store_true", help="tiny sizes: a smoke test in ~1-2 minutes, numbers meaningless"
+    )
+    p.add_argument("--target", default="smollm2-135m", help=argparse.SUPPRESS)
+    p.add_argument("--no-eval", action="store_true", help="skip the decoder speed/acceptance eval")
+
+
+def run(args: argparse.Namespace) -> int:
+    quickstart(args.out, fast=args.fast, target=args.target, run_decoder_eval=not args.no_eval)
+    return 0

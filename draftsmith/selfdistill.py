@@ -1,0 +1,318 @@
+"""Self-distillation data: the target answers prompts; the answers are kept as token ids.
+
+    draftsmith generate --target smollm2-135m --prompts builtin:train --out data/gen --max-new-tokens 256
+
+Output folder (resumable; `load_generated(dir)` or `datasets.load_dataset("json", data_files=dir + "/shard-*.jsonl")`):
+
+    manifest.json          target, prompt source, sampling params, shard list, counts
+    shard-00000.jsonl      rows {"id", "category", "prompt_ids", "response_ids", "finish": "stop"|"length"}
+
+Each shard is written under a tmp name then renamed, and the manifest is rewritten after it, so a killed run
+leaves only complete shards; rerunning the same command skips the ids already present and continues.
+Response ids end with the eos token when the target stopped (finish="stop"), so a draft learns to stop too.
+Token ids (not text) are stored because re-tokenising decoded text does not give back the same ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+FORMAT = "draftsmith-generated/1"
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids = model.generation_config.eos_token_id if model.generation_config is not None else None
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise DraftsmithError("the target has no eos token (generation_config or tokenizer); set one")
+    return ids
+
+
+def _read_manifest(out: Path) -> dict | None:
+    f = out / MANIFEST
+    if not f.is_file():
+        return None
+    try:
+        man = json.loads(f.read_text())
+        if man.get("format") != FORMAT:
+            raise ValueError(f"format {man.get('format')!r}")
+        return man
+    except (ValueError, OSError) as e:
+        raise DraftsmithError(
+            f"{f} is not a draftsmith generated-data manifest ({e}); use another --out"
+        ) from None
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def generate_dataset(
+    target: str,
+    prompts: str | list,
+    out_dir: str | Path,
+    *,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    batch_size: int = 16,
+    shard_size: int = 128,
+    limit: int | None = None,
+    skip_long: bool = False,
+    seed: int = 0,
+    device: str | None = None,
+    dtype: str | None = None,
+    model=None,
+    tokenizer=None,
+    progress: bool = True,
+    for_eval: bool = False,
+) -> Path:
+    """Have `target` answer the prompts in `prompts` (a source for draftsmith.prompts.load_prompts, or a list of
+    Prompt) and write a resumable token-id dataset to `out_dir`. `model`/`tokenizer` skip loading `target` (it is
+    still recorded). Evaluation sets are refused unless `for_eval` (reference answers for measuring, never training;
+    the manifest records the flag and trainers refuse such folders)."""
+    from tqdm.auto import tqdm
+
+    from draftsmith import models
+    from draftsmith.prompts import is_eval_source, load_prompts, prompt_ids
+    from draftsmith.sampling import SamplingParams
+
+    source = prompts if isinstance(prompts, str) else f"list:{len(prompts)}"
+    if isinstance(prompts, str) and is_eval_source(prompts) and not for_eval:
+        raise DraftsmithError(
+            f"{prompts} is an evaluation set; generate training data from other prompts (e.g. builtin:train)"
+        )
+    if max_new_tokens < 1 or batch_size < 1 or shard_size < 1:
+        raise DraftsmithError("max_new_tokens, batch_size and shard_size must be >= 1")
+    params = SamplingParams(temperature, top_k, top_p)
+    out = Path(out_dir)
+    settings = {
+        "target": str(target),
+        "prompts": source,
+        "limit": limit,
+        "for_eval": for_eval,
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "seed": seed,
+    }
+    manifest = _read_manifest(out)
+    if manifest is not None and manifest["settings"] != settings:
+        diff = next(k for k in settings if manifest["settings"].get(k) != settings[k])
+        raise DraftsmithError(
+            f"{out} holds data generated with other settings ({diff}: {manifest['settings'].get(diff)!r} vs "
+            f"{settings[diff]!r}); use another --out"
+        )
+    plist = load_prompts(prompts, limit=limit) if isinstance(prompts, str) else list(prompts)[:limit]
+    if not plist:
+        raise DraftsmithError("the prompt list is empty; pass at least one prompt")
+    keys = [p.id for p in plist]
+    if len(set(keys)) != len(keys):  # ids must be unique to resume; fall back to positions
+        keys = [str(i) for i in range(len(plist))]
+    done = {row["id"] for row in _iter_rows(out, manifest)} if manifest else set()
+    if tokenizer is None:
+        tokenizer = models.load_tokenizer(target)
+    if model is None:
+        model = models.load_model(target, dtype=dtype, device=device)
+    ctx = getattr(model.config, "max_position_embeddings", None)
+    todo = []
+    for key, p in zip(keys, plist):
+        if key in done:
+            continue
+        try:
+            ids = prompt_ids(tokenizer, p, max_length=(ctx - max_new_tokens) if ctx else None)
+        except DraftsmithError:
+            if skip_long:
+                continue
+            raise
+        todo.append((key, p, ids))
+    manifest = manifest or {
+        "format": FORMAT,
+        "settings": settings,
+        "target_info": models.describe(target) if isinstance(target, str) and target else {},
+        "shards": [],
+        "n_rows": 0,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / MANIFEST, manifest)
+    if not todo:
+        log.info("%s: all %d prompts already answered", out, len(plist))
+        return out
+    todo.sort(key=lambda t: len(t[2]))  # similar lengths per batch: less left padding
+    eos = _eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dev = next(model.parameters()).device
+    buffer: list[dict] = []
+    bar = tqdm(total=len(todo), desc="generate", unit="prompt", disable=not progress)
+    n_tokens, t0 = 0, time.perf_counter()
+    for b in range(0, len(todo), batch_size):
+        chunk = todo[b : b + batch_size]
+        width = max(len(ids) for _, _, ids in chunk)
+        input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(chunk), width), dtype=torch.long)
+        for r, (_, _, ids) in enumerate(chunk):  # left padding: generation continues from the last column
+            input_ids[r, width - len(ids) :] = torch.tensor(ids)
+            attn[r, width - len(ids) :] = 1
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        kw: dict[str, Any] = {"do_sample": False}
+        if not params.greedy:
+            kw = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k or None}
+        with torch.no_grad():
+            seqs = model.generate(
+                input_ids=input_ids.to(dev),
+                attention_mask=attn.to(dev),
+                max_new_tokens=max_new_tokens,
+                eos_token_id=eos,
+                pad_token_id=pad,
+                **kw,
+            )
+        for r, (key, p, ids) in enumerate(chunk):
+            resp = seqs[r, width:].tolist()
+            finish = "length"
+            for j, tok in enumerate(resp):
+                if tok in eos:
+                    resp, finish = resp[: j + 1], "stop"
+                    break
+            n_tokens += len(resp)
+            buffer.append(
+                {"id": key, "category": p.category, "prompt_ids": ids, "response_ids": resp, "finish": finish}
+            )
+        bar.update(len(chunk))
+        bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - t0):.0f}")
+        if len(buffer) >= shard_size or b + batch_size >= len(todo):
+            _flush(out, manifest, buffer)
+            buffer = []
+    bar.close()
+    log.info(
+        "generated %d responses, %d tokens (%.0f tok/s) into %s",
+        len(todo),
+        n_tokens,
+        n_tokens / (time.perf_counter() - t0),
+        out,
+    )
+    return out
+
+
+def _flush(out: Path, manifest: dict, rows: list[dict]) -> None:
+    name = f"shard-{len(manifest['shards']):05d}.jsonl"
+    tmp = out / (name + ".tmp")
+    with tmp.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, out / name)
+    manifest["shards"].append({"file": name, "n_rows": len(rows)})
+    manifest["n_rows"] += len(rows)
+    _write_json(out / MANIFEST, manifest)
+
+
+def _iter_rows(out: Path, manifest: dict):
+    for shard in manifest["shards"]:
+        f = out / shard["file"]
+        if not f.is_file():
+            raise DraftsmithError(
+                f"{f} is listed in {out / MANIFEST} but missing; regenerate into a new folder"
+            )
+        with f.open() as fh:
+            for n, line in enumerate(fh):
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    raise DraftsmithError(
+                        f"{f} line {n + 1} is not valid JSON; the shard is corrupt, delete the folder"
+                    ) from None
+
+
+def load_generated(path: str | Path, limit: int | None = None) -> list[dict]:
+    """Rows of a `draftsmith generate` folder: dicts with id, category, prompt_ids, response_ids, finish."""
+    out = Path(path)
+    if not out.is_dir():
+        raise DraftsmithError(f"generated data folder {out} not found; create it with draftsmith generate")
+    manifest = _read_manifest(out)
+    if manifest is None:
+        raise DraftsmithError(f"{out} has no {MANIFEST}; it is not a draftsmith generate output folder")
+    rows = []
+    for row in _iter_rows(out, manifest):
+        if not isinstance(row.get("prompt_ids"), list) or not isinstance(row.get("response_ids"), list):
+            raise DraftsmithError(f"{out}: row {row.get('id')!r} lacks prompt_ids/response_ids lists")
+        rows.append(row)
+        if limit and len(rows) >= limit:
+            break
+    if not rows:
+        raise DraftsmithError(f"{out} holds no generated rows yet; run draftsmith generate into it")
+    return rows
+
+
+def data_files(path: str | Path) -> list[str]:
+    """Shard paths for `datasets.load_dataset("json", data_files=data_files(dir))`."""
+    out = Path(path)
+    manifest = _read_manifest(out)
+    if manifest is None:
+        raise DraftsmithError(f"{out} has no {MANIFEST}; it is not a draftsmith generate output folder")
+    return [str(out / s["file"]) for s in manifest["shards"]]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target", default="smollm2-135m", help="target model: Hub id, folder, .gguf or smollm2-135m"
+    )
+    p.add_argument(
+        "--prompts", default="builtin:train", help="prompt source (file, hf:name:split, builtin:train)"
+    )
+    p.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument(
+        "--shard-size", type=int, default=128, help="rows per shard (the unit a killed run can lose)"
+    )
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument(
+        "--skip-long", action="store_true", help="skip prompts that do not fit the context instead of failing"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, help="bf16|fp16|fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = generate_dataset(
+        args.target,
+        args.prompts,
+        args.out,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        batch_size=args.batch_size,
+        shard_size=args.shard_size,
+        limit=args.limit,
+        skip_long=args.skip_long,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+    )
+    man = json.loads((out / MANIFEST).read_text())
+    print(f"{out}: {man['n_rows']} rows in {len(man['shards'])} shards")
+    return 0

@@ -1,0 +1,167 @@
+"""What every head shares: the target record, PEFT-style save/load, and a memory-bounded vocab CE.
+
+A head folder is `config.json` + `model.safetensors` (+ optional README.md / extra json files). Tensor names are
+the ones serving engines load (contract 2 in the design notes), so export is validation, not renaming.
+The config records the target the head was trained for; `load_head(dir, target_model)` refuses another one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from draftsmith.errors import DraftsmithError
+
+log = logging.getLogger(__name__)
+
+HEAD_TYPES = ("medusa", "eagle", "eagle3")
+
+
+def base_decoder(model):
+    """The decoder stack (`model.model` of a *ForCausalLM), looking through a peft wrapper."""
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model.model
+
+
+def output_head(model) -> torch.nn.Linear:
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model.get_output_embeddings()
+
+
+def target_fingerprint(model) -> list[float]:
+    """Cheap statistics of the target's input embeddings: tells two same-shape targets apart (seed, finetune)."""
+    emb = base_decoder(model).embed_tokens.weight.detach()
+    rows = emb[: min(16, emb.shape[0])].float()
+    return [round(float(rows.mean()), 6), round(float(rows.norm()), 4), round(float(rows[:, 0].sum()), 5)]
+
+
+def target_info(model) -> dict[str, Any]:
+    """What a head records about its target (contract 2)."""
+    cfg = model.config
+    name = getattr(cfg, "_name_or_path", "") or ""
+    return {
+        "name_or_path": name,
+        "hub_id": name if name.count("/") == 1 and not Path(name).exists() else None,
+        "architectures": list(getattr(cfg, "architectures", None) or [type(model).__name__]),
+        "hidden_size": int(cfg.hidden_size),
+        "vocab_size": int(cfg.vocab_size),
+        "num_hidden_layers": int(cfg.num_hidden_layers),
+        "fingerprint": target_fingerprint(model),
+    }
+
+
+def check_target(recorded: dict[str, Any], model, where: str) -> None:
+    """Refuse a target that differs from the one the head was trained for (shapes, architecture, weights)."""
+    have = target_info(model)
+    for key in ("hidden_size", "vocab_size", "num_hidden_layers"):
+        if key in recorded and int(recorded[key]) != have[key]:
+            raise DraftsmithError(
+                f"{where} was trained for {recorded.get('name_or_path')!r} ({key}={recorded[key]}) but the target "
+                f"has {key}={have[key]}; pass the target the head was trained for"
+            )
+    fp = recorded.get("fingerprint")
+    if fp is not None and not all(abs(a - b) <= 2e-2 * max(1.0, abs(a)) for a, b in zip(fp, have["fingerprint"])):
+        raise DraftsmithError(
+            f"{where} was trained for {recorded.get('name_or_path')!r} but the target's weights differ "
+            f"(embedding fingerprint {have['fingerprint']} != {fp}); pass the target the head was trained for"
+        )
+
+
+def write_head_dir(out_dir: str | os.PathLike, config: dict[str, Any], state: dict[str, torch.Tensor],
+                   extra_json: dict[str, Any] | None = None) -> Path:
+    """Write config.json + model.safetensors (+ extra json files) to a tmp dir, then rename into place."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    keep = {}
+    if out.is_dir():  # measured files written after training (e.g. head_accuracy.json) survive a re-save
+        keep = {p.name: p.read_text() for p in out.glob("*.json") if p.name not in ("config.json",)}
+    for name, text in keep.items():
+        (tmp / name).write_text(text)
+    for name, obj in (extra_json or {}).items():
+        (tmp / name).write_text(json.dumps(obj, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def read_head_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if not (p / "config.json").is_file() or not (p / "model.safetensors").is_file():
+        raise DraftsmithError(f"{p} is not a head folder (needs config.json and model.safetensors); "
+                              "pass the final/ folder written by train/heads.py")
+    config = json.loads((p / "config.json").read_text())
+    if config.get("draftsmith_head_type") not in HEAD_TYPES:
+        raise DraftsmithError(f"{p}/config.json has draftsmith_head_type={config.get('draftsmith_head_type')!r}; "
+                              f"expected one of {list(HEAD_TYPES)}")
+    return config, load_file(str(p / "model.safetensors"))
+
+
+def config_from_dict(cls, data: dict[str, Any], where: str):
+    """Lenient (PEFT-style) config load: unknown keys are logged and dropped, missing ones take defaults."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        log.debug("%s: ignoring config keys %s", where, unknown)
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    """Exact key set: engines silently ignore unknown names and keep random weights, so we refuse both ways."""
+    own = module.state_dict()
+    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or extra:
+        raise DraftsmithError(f"{where}: tensor names do not match the head config (missing {missing[:4]}, "
+                              f"unexpected {extra[:4]}); the folder was written for another head layout")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(own[k].shape):
+            raise DraftsmithError(f"{where}: tensor {k} has shape {tuple(v.shape)}, config implies {tuple(own[k].shape)}")
+    module.load_state_dict(state, strict=True)
+
+
+def _ce_chunk(h, weight, labels, topk: int):
+    logits = F.linear(h, weight).float()
+    loss = F.cross_entropy(logits, labels, reduction="sum")
+    with torch.no_grad():
+        top = logits.topk(topk, dim=-1).indices
+        hit = top == labels[:, None]
+        return loss, hit[:, 0].sum(), hit.any(-1).sum()
+
+
+def chunked_ce(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, chunk_size: int = 1024,
+               topk: int = 5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sum of CE(F.linear(hidden, weight), labels) over rows, computed chunk by chunk with activation
+    checkpointing so at most chunk_size x V logits live at once (forward and backward).
+    hidden [N, H], weight [V, H], labels [N] -> (loss_sum, top1_hits, topk_hits)."""
+    total = hidden.new_zeros((), dtype=torch.float32)
+    top1 = torch.zeros((), dtype=torch.long, device=hidden.device)
+    topk_hits = torch.zeros((), dtype=torch.long, device=hidden.device)
+    k = min(topk, weight.shape[0])
+    for s in range(0, hidden.shape[0], chunk_size):
+        args = (hidden[s : s + chunk_size], weight, labels[s : s + chunk_size], k)
+        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+            loss, a, b = checkpoint(_ce_chunk, *args, use_reentrant=False)
+        else:
+            loss, a, b = _ce_chunk(*args)
+        total, top1, topk_hits = total + loss, top1 + a, topk_hits + b
+    return total, top1, topk_hits

@@ -1,0 +1,213 @@
+"""Target hidden states for head training: online, offline (cache written once) or hybrid (filled while training).
+
+What a head needs per token (and nothing else is stored):
+  medusa, eagle : the final normed hidden state f_t                                   -> H values
+  eagle3        : the three aux states (HF hidden_states[i], i in aux ids) + f_t        -> 4H values
+The target's logits are NOT cached: logits over the draft vocabulary are F.linear(f_t, W_lm[vocab_ids]) --
+exact, and 4H fp16 values per token (4.6 KB on SmolLM2-135M, 32 KB on an 8B with H=4096) versus 2*V_d bytes for
+cached draft-vocab logits (64 KB at V_d=32k) or a lossy top-k. Recomputing them costs one [H, V_d] matmul per
+token, far less than the head's own step.
+
+Cache layout: DIR/meta.json (kind, layers, dtype, target fingerprint), DIR/index-rank{r}.json {example: shard},
+DIR/shard-r{r}-{n:05d}.safetensors holding `{example}.last` [T_i, H] and `{example}.aux` [T_i, 3H]. Shards and
+index files are written under tmp names then renamed, so a killed run never leaves a half shard in the index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.heads.common import base_decoder, target_fingerprint
+
+HiddenMode = Literal["online", "offline", "hybrid"]
+
+
+def needed_layers(kind: str, num_layers: int, aux_layers: list[int] | None) -> tuple[list[int], bool]:
+    """(aux hidden_states indices, whether the final normed state is needed) for a head kind."""
+    if kind == "eagle3":
+        return list(aux_layers or []), True
+    return [], True
+
+
+def bytes_per_token(kind: str, hidden_size: int, dtype: torch.dtype = torch.float16) -> int:
+    """Disk bytes per training token of the cache (tensors only; ids live in the generated data)."""
+    n = 4 * hidden_size if kind == "eagle3" else hidden_size
+    return n * torch.finfo(dtype).bits // 8
+
+
+@torch.no_grad()
+def target_features(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux_layers: list[int]) -> dict:
+    """Run the frozen target once. input_ids/attention_mask [B, T] -> {"last": [B, T, H] (normed final state),
+    "aux": [B, T, 3H] (concatenated aux states, eagle3 only)}."""
+    dec = base_decoder(target)
+    out = dec(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=bool(aux_layers), use_cache=False)
+    feats = {"last": out.last_hidden_state}
+    if aux_layers:
+        feats["aux"] = torch.cat([out.hidden_states[i] for i in aux_layers], -1)
+    return feats
+
+
+@dataclass
+class CacheSpec:
+    kind: str
+    aux_layers: list[int]
+    hidden_size: int
+    dtype: str = "float16"
+
+
+class HiddenStateCache:
+    """Read/write the per-example cache. Thread-unsafe, one instance per process."""
+
+    def __init__(self, path: str | os.PathLike, spec: CacheSpec, target=None, rank: int = 0, shard_size: int = 256):
+        self.path, self.spec, self.rank, self.shard_size = Path(path), spec, rank, shard_size
+        self.dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[spec.dtype]
+        self.path.mkdir(parents=True, exist_ok=True)
+        meta = {"kind": spec.kind, "aux_layers": spec.aux_layers, "hidden_size": spec.hidden_size, "dtype": spec.dtype,
+                "bytes_per_token": bytes_per_token(spec.kind, spec.hidden_size, self.dtype)}
+        if target is not None:
+            meta["target_fingerprint"] = target_fingerprint(target)
+        meta_file = self.path / "meta.json"
+        if meta_file.is_file():
+            old = json.loads(meta_file.read_text())
+            for key in ("kind", "aux_layers", "hidden_size", "dtype", "target_fingerprint"):
+                if key in meta and key in old and old[key] != meta[key]:
+                    raise DraftsmithError(f"hidden-state cache {self.path} was written for {key}={old[key]}, this run "
+                                          f"needs {meta[key]}; use another data.hidden_cache dir or delete it")
+        elif rank == 0:
+            _write_json(meta_file, meta)
+        self.index: dict[int, str] = {}
+        for f in self.path.glob("index-rank*.json"):
+            self.index.update({int(k): v for k, v in json.loads(f.read_text()).items()})
+        self._own = {k: v for k, v in self.index.items() if f"-r{rank}-" in v}
+        self._n_shards = len({v for v in self._own.values()})
+        self._buffer: dict[str, torch.Tensor] = {}
+        self._buffered: list[int] = []
+        self._handles: dict[str, object] = {}
+
+    def __contains__(self, example: int) -> bool:
+        return example in self.index or example in self._buffered
+
+    def has_all(self, examples: list[int]) -> bool:
+        return all(int(e) in self.index for e in examples)
+
+    def put(self, example: int, feats: dict[str, torch.Tensor]) -> None:
+        """feats: {"last": [T_i, H], "aux": [T_i, 3H]} for one unpadded example."""
+        for name, t in feats.items():
+            t = t.detach().to("cpu", self.dtype)
+            if self.dtype == torch.float16 and not torch.isfinite(t).all():
+                raise DraftsmithError("target hidden states overflow float16; set data.cache_dtype=bfloat16")
+            self._buffer[f"{int(example)}.{name}"] = t.contiguous()
+        self._buffered.append(int(example))
+        if len(self._buffered) >= self.shard_size:
+            self.flush()
+
+    def flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if not self._buffered:
+            return
+        name = f"shard-r{self.rank}-{self._n_shards:05d}.safetensors"
+        tmp = self.path / (name + ".tmp")
+        save_file(self._buffer, str(tmp))
+        os.replace(tmp, self.path / name)
+        for e in self._buffered:
+            self.index[e] = self._own[e] = name
+        _write_json(self.path / f"index-rank{self.rank}.json", {str(k): v for k, v in sorted(self._own.items())})
+        self._n_shards += 1
+        self._buffer, self._buffered = {}, []
+
+    def get(self, example: int) -> dict[str, torch.Tensor]:
+        from safetensors import safe_open
+
+        shard = self.index.get(int(example))
+        if shard is None:
+            raise DraftsmithError(f"example {example} is not in the hidden-state cache {self.path}; "
+                                  "build it first (data.hidden_states=offline runs the pass) or use hybrid")
+        h = self._handles.get(shard)
+        if h is None:
+            h = self._handles[shard] = safe_open(str(self.path / shard), framework="pt")
+        names = ["last", "aux"] if self.spec.kind == "eagle3" else ["last"]
+        return {n: h.get_tensor(f"{int(example)}.{n}") for n in names}
+
+    def disk_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.path.glob("shard-*.safetensors"))
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def pad_features(rows: list[dict[str, torch.Tensor]], length: int, device, dtype) -> dict[str, torch.Tensor]:
+    """Stack per-example features [T_i, D] into [B, length, D] (zero right padding)."""
+    out = {}
+    for name in rows[0]:
+        d = rows[0][name].shape[-1]
+        buf = torch.zeros(len(rows), length, d, dtype=dtype)
+        for i, r in enumerate(rows):
+            t = r[name][:length]
+            buf[i, : t.shape[0]] = t.to(dtype)
+        out[name] = buf.to(device)
+    return out
+
+
+class HiddenStates:
+    """Source of target features per batch. batch: input_ids/attention_mask [B, T], lengths [B], index [B]."""
+
+    def __init__(self, mode: HiddenMode, target, aux_layers: list[int], cache: HiddenStateCache | None = None):
+        if mode != "online" and cache is None:
+            raise DraftsmithError(f"data.hidden_states={mode} needs data.hidden_cache (a folder)")
+        self.mode, self.target, self.aux_layers, self.cache = mode, target, aux_layers, cache
+
+    def __call__(self, batch: dict) -> dict[str, torch.Tensor]:
+        ids, am = batch["input_ids"], batch["attention_mask"]
+        dtype = next(self.target.parameters()).dtype
+        if self.mode != "online" and self.cache.has_all(batch["index"].tolist()):
+            rows = [self.cache.get(int(e)) for e in batch["index"].tolist()]
+            return pad_features(rows, ids.shape[1], ids.device, dtype)
+        if self.mode == "offline":
+            raise DraftsmithError("offline hidden states: some examples are missing from the cache; rebuild it")
+        feats = target_features(self.target, ids, am, self.aux_layers)
+        if self.mode == "hybrid":
+            for b, (e, n) in enumerate(zip(batch["index"].tolist(), batch["lengths"].tolist())):
+                if int(e) not in self.cache:
+                    self.cache.put(int(e), {k: v[b, :n] for k, v in feats.items()})
+        return feats
+
+
+def build_cache(target, examples: list[dict], cache: HiddenStateCache, *, batch_size: int = 8, progress: bool = True,
+                rank: int = 0, world: int = 1) -> int:
+    """Offline pass: run the target over every example not yet cached (this rank's share) and write shards.
+    examples: dicts with input_ids (list[int]) and index. Returns bytes written by this call."""
+    from tqdm.auto import tqdm
+
+    todo = [e for i, e in enumerate(examples) if i % world == rank and e["index"] not in cache]
+    n_tok = sum(len(e["input_ids"]) for e in todo)
+    bpt = bytes_per_token(cache.spec.kind, cache.spec.hidden_size, cache.dtype)
+    if rank == 0:
+        print(f"hidden-state cache {cache.path}: {len(todo)} examples, {n_tok} tokens x {bpt} B/token = "
+              f"{n_tok * bpt / 2**20:.1f} MiB to write ({cache.spec.dtype})")
+    device = next(target.parameters()).device
+    before = cache.disk_bytes()
+    todo.sort(key=lambda e: len(e["input_ids"]))  # length-sorted batches waste little on padding
+    for s in tqdm(range(0, len(todo), batch_size), desc="cache hidden states", disable=not progress or rank != 0):
+        chunk = todo[s : s + batch_size]
+        t = max(len(e["input_ids"]) for e in chunk)
+        ids = torch.zeros(len(chunk), t, dtype=torch.long)
+        am = torch.zeros(len(chunk), t, dtype=torch.long)
+        for i, e in enumerate(chunk):
+            ids[i, : len(e["input_ids"])] = torch.tensor(e["input_ids"])
+            am[i, : len(e["input_ids"])] = 1
+        feats = target_features(target, ids.to(device), am.to(device), cache.spec.aux_layers)
+        for i, e in enumerate(chunk):
+            cache.put(e["index"], {k: v[i, : len(e["input_ids"])] for k, v in feats.items()})
+    cache.flush()
+    return cache.disk_bytes() - before

@@ -1,0 +1,50 @@
+"""PEFT-style save/load for every head kind: `save_head(head, dir)`, `load_head(dir, target_model)`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.heads.common import check_target, config_from_dict, load_state_strict, read_head_dir, write_head_dir
+from draftsmith.heads.eagle import EagleHead, eagle_config_from_dict
+from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
+
+Head = MedusaHeads | EagleHead
+ACCURACY_FILE = "head_accuracy.json"  # measured per-head/per-depth top-k accuracy (Medusa trees are built from it)
+
+
+def save_head(head: Head, out_dir: str | os.PathLike, extra_json: dict | None = None) -> Path:
+    """Write config.json (head fields + target record) and model.safetensors in engine-native names."""
+    state = dict(head.state_dict())
+    return write_head_dir(out_dir, head.to_config_dict(), state, extra_json)
+
+
+def load_head(path: str | os.PathLike, target_model, *, device=None, dtype: torch.dtype | None = None,
+              check: bool = True) -> Head:
+    """Load a head folder for `target_model` (refuses a target other than the one recorded in config.json)."""
+    config, state = read_head_dir(path)
+    if check:
+        check_target(config.get("target", {}), target_model, f"head {path}")
+    kind = config["draftsmith_head_type"]
+    if kind == "medusa":
+        head = MedusaHeads(config_from_dict(MedusaConfig, config, "medusa config"), config.get("target"))
+    else:
+        head = EagleHead(eagle_config_from_dict(config), config.get("target"))
+    load_state_strict(head, state, f"head {path}")
+    ref = target_model.get_output_embeddings().weight
+    head.to(device=device or ref.device, dtype=dtype or ref.dtype)  # .to(dtype) leaves the int/bool d2t, t2d alone
+    return head.eval().requires_grad_(False)
+
+
+def read_accuracy(path: str | os.PathLike) -> dict | None:
+    f = Path(path) / ACCURACY_FILE
+    if not f.is_file():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise DraftsmithError(f"{f} is not valid JSON ({e}); re-run the head eval to rewrite it") from None

@@ -1,0 +1,119 @@
+"""Medusa heads (Cai et al. 2024) on a frozen (Medusa-1) or LoRA-tuned (Medusa-2) target.
+
+Head k (0-based) reads the target's final (normed) hidden state at position t and predicts token t+2+k; the
+target's own lm_head predicts t+1. Each head is `num_layers` residual blocks x + SiLU(W x + b) with W zero-
+initialised (so an untrained head starts as the target's lm_head), then a vocab projection initialised from
+the target's lm_head. Tensor names are vLLM's MedusaModel names: blocks.{h}.layers.{l}.{weight,bias},
+lm_heads.{h}.weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.heads.common import chunked_ce, output_head, target_info
+
+
+@dataclass
+class MedusaConfig:
+    num_heads: int = 4
+    """Heads; head k predicts token t+2+k."""
+    num_layers: int = 1
+    """Residual blocks per head (vLLM calls it num_hidden_layers)."""
+    hidden_size: int = 0
+    vocab_size: int = 0
+    medusa_fc_bias: bool = True
+
+    def __post_init__(self):
+        if self.num_heads < 1 or self.num_layers < 0:
+            raise DraftsmithError(f"medusa needs num_heads >= 1 and num_layers >= 0, got {self.num_heads}, {self.num_layers}")
+
+
+class MedusaBlock(nn.Module):
+    """`num_layers` residual blocks, each a DISTINCT Linear (the classic `[ResBlock] * n` bug shares one)."""
+
+    def __init__(self, hidden_size: int, num_layers: int, bias: bool):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(hidden_size, hidden_size, bias=bias) for _ in range(num_layers))
+        for lin in self.layers:  # zero init: the block is the identity at step 0 (Medusa sec. 2.1.1)
+            nn.init.zeros_(lin.weight)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for lin in self.layers:
+            x = x + F.silu(lin(x))
+        return x
+
+
+class MedusaHeads(nn.Module):
+    head_type = "medusa"
+
+    def __init__(self, config: MedusaConfig, target: dict | None = None):
+        super().__init__()
+        self.config = config
+        self.target = target or {}
+        h, v = config.hidden_size, config.vocab_size
+        self.blocks = nn.ModuleList(MedusaBlock(h, config.num_layers, config.medusa_fc_bias) for _ in range(config.num_heads))
+        self.lm_heads = nn.ModuleList(nn.Linear(h, v, bias=False) for _ in range(config.num_heads))
+
+    @classmethod
+    def from_target(cls, target_model, num_heads: int = 4, num_layers: int = 1) -> MedusaHeads:
+        """New heads for `target_model`; vocab projections copied from its lm_head."""
+        cfg = target_model.config
+        heads = cls(MedusaConfig(num_heads, num_layers, cfg.hidden_size, cfg.vocab_size), target_info(target_model))
+        w = output_head(target_model).weight.detach()
+        for lm in heads.lm_heads:
+            lm.weight.data.copy_(w.float())
+        return heads.to(w.device)
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] (target final normed state) -> per-head features [K, ..., H]."""
+        return torch.stack([blk(hidden) for blk in self.blocks])
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> logits [K, ..., V]. Full logits: for decoding a few rows, not for training."""
+        return torch.stack([lm(blk(hidden)) for blk, lm in zip(self.blocks, self.lm_heads)])
+
+    def loss(self, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, *, decay: float = 0.8,
+             chunk_size: int = 1024) -> tuple[torch.Tensor, dict[str, float]]:
+        """Medusa-1 loss sum_k decay^k * CE_k (Medusa eq. 1), CE_k averaged over valid positions.
+        hidden [B, T, H] at positions t; input_ids/loss_mask [B, T]; head k's label at t is input_ids[t+2+k]."""
+        hidden = hidden.to(self.lm_heads[0].weight.dtype)
+        total = hidden.new_zeros((), dtype=torch.float32)
+        metrics: dict[str, float] = {}
+        for k, (blk, lm) in enumerate(zip(self.blocks, self.lm_heads)):
+            shift = k + 2
+            if hidden.shape[1] <= shift:
+                break
+            labels = input_ids[:, shift:]
+            valid = loss_mask[:, shift:].bool()
+            rows = hidden[:, :-shift][valid]  # [N, H]
+            n = rows.shape[0]
+            if n == 0:
+                continue
+            loss_sum, top1, topk = chunked_ce(blk(rows), lm.weight, labels[valid], chunk_size=chunk_size)
+            ce = loss_sum / n
+            total = total + decay**k * ce
+            metrics[f"head{k}/ce"] = float(ce.detach())
+            metrics[f"head{k}/top1"] = float(top1) / n
+            metrics[f"head{k}/top5"] = float(topk) / n
+        return total, metrics
+
+    def to_config_dict(self) -> dict:
+        c = self.config
+        return {
+            "draftsmith_head_type": "medusa",
+            # vLLM MedusaModel fields (num_hidden_layers = residual blocks per head)
+            "architectures": ["MedusaModel"],
+            "model_type": "medusa",
+            "num_hidden_layers": c.num_layers,
+            "truncated_vocab_size": None,
+            **asdict(c),
+            "target": self.target,
+        }

@@ -1,0 +1,150 @@
+"""The trainable module for every head kind and its held-out evaluation.
+
+`HeadTrainer.forward(batch) -> (loss, metrics)` does all the work so that DDP/FSDP wrappers (which only
+synchronise gradients through `forward`) see it. The frozen target is held outside the module's parameters
+(never checkpointed, never in the optimizer) except for Medusa-2, whose LoRA-wrapped target is a submodule.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.acceptance import tau_from_conditional
+from draftsmith.heads.common import base_decoder, output_head
+from draftsmith.heads.eagle import EagleHead
+from draftsmith.heads.hidden import HiddenStates
+from draftsmith.heads.losses import eagle_loss
+from draftsmith.heads.medusa import MedusaHeads
+from draftsmith.heads.trees import chain_tree, expected_tau, medusa_tree
+
+RANKS = 10  # Medusa rank accuracies measured per head (the static tree picks from these)
+
+
+class HeadTrainer(nn.Module):
+    def __init__(self, head: nn.Module, target, hidden: HiddenStates, loss_cfg, medusa2=None):
+        super().__init__()
+        self.head = head
+        self.loss_cfg = loss_cfg
+        self.medusa2 = medusa2
+        if medusa2 is not None:
+            self.target = target  # LoRA-wrapped: trained, so it is a submodule
+            self.register_buffer("micro_step", torch.zeros((), dtype=torch.long))
+        else:
+            self._frozen = [target]  # a list keeps it out of parameters(), state_dict() and checkpoints
+        self.hidden = hidden
+
+    @property
+    def frozen_target(self):
+        return self.target if self.medusa2 is not None else self._frozen[0]
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        ids, am, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+        if isinstance(self.head, MedusaHeads):
+            if self.medusa2 is not None:
+                return self._medusa2(ids, am, lm)
+            feats = self.hidden(batch)
+            loss, m = self.head.loss(feats["last"], ids, lm, decay=self.loss_cfg.decay)
+        else:
+            t = self.frozen_target
+            feats = self.hidden(batch)
+            c = self.loss_cfg
+            loss, m = eagle_loss(
+                self.head, base_decoder(t).embed_tokens.weight, output_head(t).weight, feats, ids, am, lm,
+                ttt_steps=c.ttt_steps, decay=c.decay, loss=c.kind, temperature=c.temperature, beta=c.beta,
+                feature_noise=c.feature_noise, ce_weight=c.ce_weight,
+            )
+        m["n_tokens"] = float(lm.sum())
+        return loss, m
+
+    def _medusa2(self, ids, am, lm):
+        """Medusa-2: LoRA target + heads. Loss = target term + lambda0 * sum_k 0.8^k CE_k (Medusa sec. 2.2);
+        target term = KL(adapter-disabled target || LoRA target) (self-distillation) or the LM loss.
+        The first warmup_head_steps optimizer steps train the heads only (target run without grad)."""
+        m2 = self.medusa2
+        step = int(self.micro_step) // max(m2.grad_accum, 1)
+        if self.training:
+            self.micro_step += 1
+        dec = base_decoder(self.target)
+        warm = step < m2.warmup_head_steps
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not warm):
+            h = dec(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
+        head_loss, m = self.head.loss(h, ids, lm, decay=self.loss_cfg.decay)
+        if warm:
+            m["target_loss"] = 0.0
+            return m2.lambda0 * head_loss, m
+        valid = lm[:, 1:].bool()
+        logits = output_head(self.target)(h[:, :-1][valid])  # [N, V] rows that predict response tokens
+        if m2.target_loss == "kl":
+            from draftsmith.distill.divergences import divergence
+
+            with torch.no_grad(), self.target.disable_adapter():
+                h_ref = dec(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
+                ref = output_head(self.target)(h_ref[:, :-1][valid])
+            tl = divergence("fkl", ref, logits)
+        else:
+            tl = F.cross_entropy(logits.float(), ids[:, 1:][valid])
+        m["target_loss"] = float(tl.detach())
+        return tl + m2.lambda0 * head_loss, m
+
+
+@torch.no_grad()
+def evaluate_heads(trainer: HeadTrainer, batches: list[dict], hidden: HiddenStates, *, eval_depth: int,
+                   tree_tokens: int) -> dict:
+    """Held-out acceptance. Medusa: per-head rank accuracies against the TARGET's greedy token (what greedy
+    verification accepts), chain and tree expected tau. EAGLE: per-depth conditional acceptance (training-time
+    test unroll of eval_depth steps) and simulated tau = 1 + sum_i prod_{j<=i} a_j (bonus included)."""
+    head = trainer.head
+    dev = next(head.parameters()).device
+    if isinstance(head, MedusaHeads):
+        k = head.config.num_heads
+        hits = torch.zeros(k, RANKS, dtype=torch.float64)
+        counts = torch.zeros(k, dtype=torch.float64)
+        for batch in batches:
+            batch = {n: v.to(dev) for n, v in batch.items()}
+            ids, am, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+            if trainer.medusa2 is not None:
+                h = base_decoder(trainer.target)(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
+            else:
+                h = hidden(batch)["last"]
+            lm_w = output_head(trainer.frozen_target).weight
+            for j, (blk, lmh) in enumerate(zip(head.blocks, head.lm_heads)):
+                s = j + 1  # head j at t drafts token t+2+j, which the target predicts from position t+1+j
+                n = h.shape[1] - s - 1
+                if n <= 0:
+                    continue
+                valid = lm[:, s + 1 :].bool()  # [B, n]
+                greedy = F.linear(h[:, s : s + n][valid], lm_w).argmax(-1)
+                top = lmh(blk(h[:, :n][valid])).topk(min(RANKS, lmh.out_features), -1).indices
+                hits[j, : top.shape[1]] += (top == greedy[:, None]).double().sum(0)
+                counts[j] += float(valid.sum())
+        rank_acc = (hits / counts.clamp(min=1)[:, None]).tolist()
+        chain = tau_from_conditional([row[0] for row in rank_acc])  # heads treated as independent
+        paths = medusa_tree(rank_acc, tree_tokens)
+        out = {"head_top1": [r[0] for r in rank_acc], "head_top5": [sum(r[:5]) for r in rank_acc],
+               "rank_accuracy": rank_acc, "tau_chain": chain, "tau_tree": expected_tau(paths, rank_acc),
+               "tree_tokens": tree_tokens}
+        return out
+    c = trainer.loss_cfg
+    t = trainer.frozen_target
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for batch in batches:
+        batch = {n: v.to(dev) for n, v in batch.items()}
+        feats = hidden(batch)
+        _, m = eagle_loss(head, base_decoder(t).embed_tokens.weight, output_head(t).weight, feats, batch["input_ids"],
+                          batch["attention_mask"], batch["loss_mask"], ttt_steps=eval_depth, decay=c.decay, loss=c.kind,
+                          temperature=c.temperature, beta=c.beta, ce_weight=c.ce_weight)
+        w = float(batch["loss_mask"].sum())
+        for key, v in m.items():
+            if key.startswith(("acc_", "top1_", "loss_")):
+                sums[key] = sums.get(key, 0.0) + v * w
+                weights[key] = weights.get(key, 0.0) + w
+    avg = {key: sums[key] / weights[key] for key in sums}
+    acc = [avg[f"acc_{i}"] for i in range(eval_depth) if f"acc_{i}" in avg]
+    return {"acceptance_per_depth": acc, "tau_sim": tau_from_conditional(acc),
+            "loss_per_depth": [avg[f"loss_{i}"] for i in range(eval_depth) if f"loss_{i}" in avg]}
+
+
+__all__ = ["HeadTrainer", "chain_tree", "evaluate_heads"]

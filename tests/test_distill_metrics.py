@@ -1,0 +1,99 @@
+import math
+
+import pytest
+import torch
+from draftsmith.distill.metrics import AcceptanceMeter
+
+from draftsmith.acceptance import tau_iid
+from draftsmith.errors import DraftsmithError
+
+LOG = math.log
+
+
+def _logits_from_probs(*rows):
+    return torch.tensor([[LOG(p) if p > 0 else -1e4 for p in row] for row in rows])
+
+
+def test_hand_made_alpha_at_temperature_one():
+    # p = (.5, .3, .2), q = (.2, .3, .5): sum min = .2 + .3 + .2 = .7, argmax differ
+    # p = (.6, .4, 0),  q = (.9, .1, 0):  sum min = .6 + .1 = .7, argmax agree
+    target = _logits_from_probs([0.5, 0.3, 0.2], [0.6, 0.4, 0.0])
+    draft = _logits_from_probs([0.2, 0.3, 0.5], [0.9, 0.1, 0.0])
+    meter = AcceptanceMeter(temperature=1.0, ks=[1, 3])
+    meter.update(target, draft, torch.tensor([True, True]))
+    out = meter.compute()
+    assert out["alpha"] == pytest.approx(0.7, abs=1e-5)
+    assert out["tvd"] == pytest.approx(0.3, abs=1e-5)
+    assert out["top1"] == pytest.approx(0.5)
+    assert out["n_tokens"] == 2
+    assert out["tau"] == {1: pytest.approx(1.7, abs=1e-5), 3: pytest.approx(1 + 0.7 + 0.49 + 0.343, abs=1e-5)}
+    assert out["tau_greedy"] == {1: pytest.approx(1.5), 3: pytest.approx(tau_iid(0.5, 3))}
+
+
+def test_greedy_alpha_equals_top1_and_mask():
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(4, 6, 10, generator=g)
+    draft = target + 1.5 * torch.randn(4, 6, 10, generator=g)
+    mask = torch.rand(4, 6, generator=g) > 0.3
+    meter = AcceptanceMeter(temperature=0.0)
+    meter.update(target, draft, mask)
+    out = meter.compute()
+    agree = (target.argmax(-1) == draft.argmax(-1))[mask].double().mean().item()
+    assert out["alpha"] == pytest.approx(agree) and out["top1"] == pytest.approx(agree)
+    assert 0 < agree < 1 and out["n_tokens"] == int(mask.sum())
+    assert list(out["tau"]) == list(range(1, 9))
+
+
+def test_accumulates_across_updates_and_chunks():
+    g = torch.Generator().manual_seed(1)
+    target, draft = torch.randn(30, 12, generator=g), torch.randn(30, 12, generator=g)
+    whole = AcceptanceMeter(temperature=0.8, top_p=0.9, top_k=5)
+    whole.update(target, draft)
+    parts = AcceptanceMeter(temperature=0.8, top_p=0.9, top_k=5, chunk_size=4)
+    parts.update(target[:11], draft[:11])
+    parts.update(target[11:], draft[11:])
+    a, b = whole.compute(), parts.compute()
+    assert a["alpha"] == pytest.approx(b["alpha"], abs=1e-6) and a["n_tokens"] == b["n_tokens"] == 30
+
+
+def test_uses_decode_warp_top_k():
+    # with top_k=1 both distributions become one-hot: alpha collapses to argmax agreement
+    target = _logits_from_probs([0.5, 0.3, 0.2], [0.4, 0.35, 0.25])
+    draft = _logits_from_probs([0.45, 0.35, 0.2], [0.2, 0.5, 0.3])
+    meter = AcceptanceMeter(temperature=1.0, top_k=1)
+    meter.update(target, draft)
+    assert meter.compute()["alpha"] == pytest.approx(0.5)
+
+
+def test_reduced_vocab_matches_scattered_full_vocab():
+    g = torch.Generator().manual_seed(2)
+    target = torch.randn(20, 16, generator=g) * 2
+    vocab_ids = torch.tensor([0, 2, 3, 7, 8, 15])
+    reduced = torch.randn(20, 6, generator=g) * 2
+    scattered = torch.full((20, 16), float("-inf"))
+    scattered[:, vocab_ids] = reduced
+    for temperature in (1.0, 0.0):
+        a, b = AcceptanceMeter(temperature), AcceptanceMeter(temperature)
+        a.update(target, reduced, vocab_ids=vocab_ids)
+        b.update(target, scattered)
+        ra, rb = a.compute(), b.compute()
+        assert ra["alpha"] == pytest.approx(rb["alpha"], abs=1e-6)
+        assert ra["top1"] == pytest.approx(rb["top1"])
+    # exact: alpha = sum over the draft vocab of min(p, q)
+    p = torch.softmax(target, -1)[:, vocab_ids]
+    q = torch.softmax(reduced, -1)
+    meter = AcceptanceMeter(1.0)
+    meter.update(target, reduced, vocab_ids=vocab_ids)
+    assert meter.compute()["alpha"] == pytest.approx(torch.minimum(p, q).sum(-1).mean().item(), abs=1e-6)
+
+
+def test_errors():
+    meter = AcceptanceMeter(1.0)
+    with pytest.raises(DraftsmithError, match="no tokens"):
+        meter.compute()
+    with pytest.raises(DraftsmithError):
+        meter.update(torch.zeros(3, 5), torch.zeros(3, 4))
+    with pytest.raises(DraftsmithError):
+        meter.update(torch.zeros(3, 5), torch.zeros(2, 5))
+    with pytest.raises(DraftsmithError):
+        AcceptanceMeter(-1.0)

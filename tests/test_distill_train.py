@@ -1,0 +1,128 @@
+import json
+
+import pytest
+import torch
+
+from draftsmith.config import load_config
+from draftsmith.distill.recipe import DistillConfig, run_distill
+from draftsmith.errors import DraftsmithError
+from draftsmith.trainer import list_checkpoints, make_accelerator
+
+
+@pytest.fixture(scope="module")
+def gen_dir(tmp_path_factory, tiny_dirs):
+    from draftsmith.selfdistill import generate_dataset
+
+    root = tmp_path_factory.mktemp("distill")
+    f = root / "prompts.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt": f"Tell me about the number {i}."}) for i in range(12)))
+    return str(generate_dataset(tiny_dirs["target"], str(f), root / "gen", max_new_tokens=8, progress=False))
+
+
+def _cfg(tiny_dirs, gen_dir, out, *extra):
+    base = [
+        f"model.target={tiny_dirs['target']}",
+        "model.init=shrink",
+        "model.num_layers=1",
+        f"data.source={gen_dir}",
+        "data.eval_size=3",
+        "data.max_length=64",
+        "train.max_steps=2",
+        "train.batch_size=3",
+        "train.lr=1e-3",
+        "train.save_every=1",
+        "train.log_every=1",
+        f"output_dir={out}",
+    ]
+    return load_config(DistillConfig, None, base + list(extra))
+
+
+def _events(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_distill_reduced_vocab_writes_hf_draft_and_resumes(tiny_dirs, gen_dir, tmp_path, tiny_target, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.distill.vocab import load_draft_vocab
+
+    out = tmp_path / "run"
+    cfg = _cfg(tiny_dirs, gen_dir, out, "model.vocab_size=96", "loss.kind=fkl")
+    res = run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
+    assert res["step"] == 2
+    final = out / "final"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "draft_vocab.safetensors", "draftsmith_draft.json"):
+        assert (final / name).is_file(), name
+    vocab_ids = load_draft_vocab(final)
+    assert vocab_ids.numel() == 96 and 2 in vocab_ids.tolist()  # eos always kept
+    record = json.loads((final / "draftsmith_draft.json").read_text())
+    assert record["init"]["layers"] == [0] and record["recipe"]["model"]["vocab_size"] == 96
+    draft = AutoModelForCausalLM.from_pretrained(final)
+    assert draft.config.num_hidden_layers == 1 and draft.config.vocab_size == tiny_target.config.vocab_size
+    evals = [e for e in _events(out) if e["event"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 2]
+    for e in evals:
+        held = e["heldout"]
+        assert 0 <= held["alpha"] <= 1 and 0 <= held["top1"] <= 1 and set(held["tau"]) == {str(k) for k in range(1, 9)}
+        assert held["tau_greedy"]["4"] == pytest.approx(sum(held["top1"] ** i for i in range(5)))
+    # transformers assisted generation with the draft reproduces the target's greedy output
+    from draftsmith.prompts import Prompt, prompt_ids
+
+    ids = torch.tensor([prompt_ids(tiny_tokenizer, Prompt([{"role": "user", "content": "Tell me about 3."}]))])
+    plain = tiny_target.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=2)
+    assisted = tiny_target.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=2, assistant_model=draft.eval())
+    assert torch.equal(plain, assisted)
+    # resume with a longer budget: the step count continues from the newest checkpoint
+    cfg4 = _cfg(tiny_dirs, gen_dir, out, "model.vocab_size=96", "loss.kind=fkl", "train.max_steps=4")
+    res = run_distill(cfg4, make_accelerator(cfg4.train, cpu=True), resume=True, progress=False)
+    assert res["step"] == 4
+    assert [e["step"] for e in _events(out) if e["event"] == "train"] == [1, 2, 3, 4]
+    assert [p.name for p in list_checkpoints(out)] == ["step-0000003", "step-0000004"]
+    # the same output dir with another recipe is refused
+    other = _cfg(tiny_dirs, gen_dir, out, "loss.kind=tvd")
+    with pytest.raises(DraftsmithError, match="another run"):
+        run_distill(other, make_accelerator(other.train, cpu=True), progress=False)
+
+
+@pytest.mark.parametrize("policy,loss", [("on_policy", "jsd"), ("mixture", "lk")])
+def test_on_policy_and_mixture_train(tiny_dirs, gen_dir, tmp_path, policy, loss):
+    cfg = _cfg(tiny_dirs, gen_dir, tmp_path / policy, f"data.policy={policy}", f"loss.kind={loss}",
+               "data.on_policy_max_new_tokens=4", "data.on_policy_fraction=0.5", "model.vocab_size=80",
+               "train.save_every=0")
+    res = run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
+    train_ev = [e for e in _events(tmp_path / policy) if e["event"] == "train"]
+    assert res["step"] == 2 and all(torch.isfinite(torch.tensor(e["loss"])) for e in train_ev)
+    if policy == "on_policy":
+        assert all(e["on_policy"] == 1.0 for e in train_ev)
+
+
+def test_existing_lora_draft_is_checked_and_merged(tiny_dirs, gen_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    cfg = _cfg(tiny_dirs, gen_dir, tmp_path / "lora", "model.init=existing", f"model.draft={tiny_dirs['draft']}",
+               "model.lora.enabled=true", "model.lora.r=4", "train.save_every=0")
+    run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora" / "final")
+    assert not any("lora" in k for k in merged.state_dict())
+    base = AutoModelForCausalLM.from_pretrained(tiny_dirs["draft"])
+    diff = [not torch.equal(a, b) for (_, a), (_, b) in zip(sorted(merged.state_dict().items()),
+                                                            sorted(base.state_dict().items()))]
+    assert any(diff)  # the adapters were trained and merged in
+
+
+def test_distill_bad_inputs(tiny_dirs, gen_dir, tmp_path):
+    with pytest.raises(DraftsmithError, match="valid keys"):
+        _cfg(tiny_dirs, gen_dir, tmp_path / "x", "loss.kindd=fkl")
+    with pytest.raises(DraftsmithError, match="is not one of"):
+        _cfg(tiny_dirs, gen_dir, tmp_path / "x", "data.policy=offline")
+    for extra, match in [
+        (["data.source=builtin:dev-eval"], "evaluation set"),
+        ([f"data.source={tmp_path / 'nope.jsonl'}"], "not found"),
+        (["data.eval_size=50"], "cannot hold out"),
+        (["model.init=existing"], "model.draft"),
+        (["data.max_length=4"], "max_length"),
+    ]:
+        cfg = _cfg(tiny_dirs, gen_dir, tmp_path / "x", *extra)
+        with pytest.raises(DraftsmithError, match=match):
+            run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
+    assert not (tmp_path / "x" / "checkpoints").exists()

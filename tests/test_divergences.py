@@ -1,0 +1,263 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from draftsmith.distill.divergences import LOSSES, divergence
+
+from draftsmith.errors import DraftsmithError
+
+KINDS = list(LOSSES)
+
+
+def _logits(n=12, v=50, seed=0, scale=2.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, v, generator=g) * scale
+
+
+def _reference(kind, target_logits, draft_logits, beta=0.5, temperature=1.0):
+    """Straightforward unchunked per-token formulas in float64, averaged over rows."""
+    p = F.softmax(target_logits.double() / temperature, -1)
+    q = F.softmax(draft_logits.double() / temperature, -1)
+    kl = lambda a, b: (a * (a.log() - b.log())).sum(-1)  # noqa: E731
+    if kind == "fkl":
+        per = kl(p, q)
+    elif kind == "rkl":
+        per = kl(q, p)
+    elif kind == "jsd":
+        m = beta * p + (1 - beta) * q
+        per = beta * kl(p, m) + (1 - beta) * kl(q, m)
+    elif kind == "tvd":
+        per = 0.5 * (p - q).abs().sum(-1)
+    elif kind == "neg_log_accept":
+        per = -torch.minimum(p, q).sum(-1).log()
+    elif kind == "lk":
+        alpha = torch.minimum(p, q).sum(-1)
+        lam = torch.exp(-3 * alpha)
+        per = lam * kl(p, q) + (1 - lam) * 0.5 * (p - q).abs().sum(-1)
+    return per.mean()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_reference_formula(kind):
+    t, d = _logits(seed=0), _logits(seed=1)
+    for temperature in (1.0, 0.7):
+        got = divergence(kind, t, d, temperature=temperature, beta=0.3)
+        want = _reference(kind, t, d, beta=0.3, temperature=temperature)
+        assert got.dtype == torch.float32 and got.dim() == 0
+        assert torch.allclose(got.double(), want, rtol=1e-4, atol=1e-6), (kind, temperature)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_zero_on_equal_and_nonnegative(kind):
+    t = _logits(seed=2)
+    assert divergence(kind, t, t.clone()).abs() < 1e-5
+    for seed in range(3, 8):
+        assert divergence(kind, t, _logits(seed=seed)) > 0
+
+
+def test_temperature_zero_is_treated_as_one():
+    t, d = _logits(seed=0), _logits(seed=1)
+    assert torch.equal(divergence("fkl", t, d, temperature=0.0), divergence("fkl", t, d, temperature=1.0))
+
+
+def test_fkl_gradient_matches_kl_div():
+    t, d = _logits(seed=0), _logits(seed=1)
+    d1 = d.clone().requires_grad_(True)
+    divergence("fkl", t, d1).backward()
+    d2 = d.clone().requires_grad_(True)
+    # kl_div(input=log q, target=log p, log_target) = sum p (log p - log q); batchmean divides by N
+    F.kl_div(F.log_softmax(d2, -1), F.log_softmax(t, -1), log_target=True, reduction="batchmean").backward()
+    assert torch.allclose(d1.grad, d2.grad, atol=1e-6)
+
+
+def test_rkl_gradient_matches_kl_div():
+    t, d = _logits(seed=0), _logits(seed=1)
+    d1 = d.clone().requires_grad_(True)
+    divergence("rkl", t, d1).backward()
+    d2 = d.clone().requires_grad_(True)
+    F.kl_div(F.log_softmax(t, -1), F.log_softmax(d2, -1), log_target=True, reduction="batchmean").backward()
+    assert torch.allclose(d1.grad, d2.grad, atol=1e-6)
+
+
+def test_target_gets_no_gradient():
+    t = _logits(seed=0).requires_grad_(True)
+    d = _logits(seed=1).requires_grad_(True)
+    divergence("jsd", t, d).backward()
+    assert t.grad is None and d.grad is not None
+
+
+def _grad(kind, target_logits, draft_logits, beta=0.5, scale=1.0):
+    x = draft_logits.clone().requires_grad_(True)
+    (divergence(kind, target_logits, x, beta=beta) / scale).backward()
+    return x.grad
+
+
+def test_jsd_endpoints_scale_to_fkl_and_rkl():
+    # JSD(beta) = beta KL(p||q) + O(beta^2): JSD/beta -> FKL as beta->0 and JSD/(1-beta) -> RKL as beta->1,
+    # in value and in gradient (float32 limits how small beta can go before cancellation noise takes over)
+    t, d = _logits(seed=0, scale=1.0), _logits(seed=1, scale=1.0)
+    fkl, rkl = divergence("fkl", t, d), divergence("rkl", t, d)
+    g_fkl, g_rkl = _grad("fkl", t, d), _grad("rkl", t, d)
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
+    errors = []
+    for eps in (1e-2, 1e-4):
+        assert abs(divergence("jsd", t, d, beta=eps).item() / eps / fkl.item() - 1) < 4 * eps + 1e-3
+        assert abs(divergence("jsd", t, d, beta=1 - eps).item() / eps / rkl.item() - 1) < 4 * eps + 1e-3
+        errors.append(
+            (rel(_grad("jsd", t, d, eps, eps), g_fkl), rel(_grad("jsd", t, d, 1 - eps, eps), g_rkl))
+        )
+    assert errors[1][0] < 5e-3 and errors[1][1] < 5e-3
+    assert (
+        errors[1][0] < errors[0][0] / 10 and errors[1][1] < errors[0][1] / 10
+    )  # converging, not coincidence
+    # in between it is bounded by log 2 and by both KLs
+    mid = divergence("jsd", t, d, beta=0.5)
+    assert 0 < mid < min(fkl, rkl) and mid <= math.log(2) + 1e-6
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0, -0.1])
+def test_jsd_rejects_degenerate_beta(beta):
+    with pytest.raises(DraftsmithError, match="fkl"):
+        divergence("jsd", _logits(), _logits(seed=1), beta=beta)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_masked_tokens_contribute_nothing(kind):
+    t, d = _logits(seed=0), _logits(seed=1)
+    mask = torch.tensor([1, 0] * 6, dtype=torch.bool)
+    garbage = d.clone()
+    garbage[~mask] = torch.randn_like(garbage[~mask]) * 50  # masked rows may hold anything
+    x = garbage.clone().requires_grad_(True)
+    loss = divergence(kind, t, x, mask)
+    assert torch.allclose(loss, divergence(kind, t[mask], d[mask]), atol=1e-6)
+    loss.backward()
+    assert torch.all(x.grad[~mask] == 0) and x.grad[mask].abs().sum() > 0
+    # 0/1 integer masks and leading [B, T] dims are accepted
+    loss2 = divergence(kind, t.view(3, 4, -1), garbage.view(3, 4, -1), mask.long().view(3, 4))
+    assert torch.allclose(loss, loss2, atol=1e-6)
+
+
+def test_all_masked_is_zero_with_graph():
+    d = _logits(seed=1).requires_grad_(True)
+    loss = divergence("fkl", _logits(), d, torch.zeros(12, dtype=torch.bool))
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.all(d.grad == 0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chunked_equals_unchunked(kind):
+    t, d = _logits(n=37, seed=0), _logits(n=37, seed=1)
+    mask = torch.rand(37, generator=torch.Generator().manual_seed(0)) > 0.3
+    results = []
+    for chunk in (1000, 5):
+        x = d.clone().requires_grad_(True)
+        loss = divergence(kind, t, x, mask, chunk_size=chunk, temperature=0.8)
+        loss.backward()
+        results.append((loss.detach(), x.grad))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-6)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-7)
+
+
+def test_chunking_bounds_saved_memory():
+    # with checkpointing the graph keeps references to the inputs (shared storage), not chunk x V intermediates
+    from torch.autograd.graph import saved_tensors_hooks
+
+    n, v, chunk = 64, 400, 8
+    storages = {}
+
+    def pack(x):
+        storages[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        return x
+
+    def saved_bytes(chunk_size):
+        storages.clear()
+        t, d = _logits(n=n, v=v, seed=0), _logits(n=n, v=v, seed=1).requires_grad_(True)
+        with saved_tensors_hooks(pack, lambda x: x):
+            divergence("jsd", t, d, chunk_size=chunk_size)
+        return sum(storages.values()) - 2 * n * v * 4  # minus the two input tensors
+
+    # beyond the inputs, only O(n) bookkeeping survives the forward pass, however many chunks
+    assert saved_bytes(chunk) < n * v
+    # sanity check of the measurement: without checkpointing (plain autograd) the intermediates are kept
+    t, d = _logits(n=n, v=v, seed=0), _logits(n=n, v=v, seed=1).requires_grad_(True)
+    storages.clear()
+    with saved_tensors_hooks(pack, lambda x: x):
+        LOSSES["jsd"](t, d, None, 0.5).sum()
+    assert sum(storages.values()) > 4 * n * v * 4
+
+
+# ---- reduced vocabulary -----------------------------------------------------------------------------------
+
+
+def _reduced_case(seed=0, n=10, v=60, vd=20):
+    g = torch.Generator().manual_seed(seed)
+    vocab_ids = torch.sort(torch.randperm(v, generator=g)[:vd]).values
+    t = torch.randn(n, v, generator=g) * 2
+    d_reduced = torch.randn(n, vd, generator=g) * 2
+    return t, d_reduced, vocab_ids
+
+
+def test_reduced_vocab_alpha_is_exact():
+    t, d_reduced, vocab_ids = _reduced_case()
+    # full-vocab draft with q scattered back (zero outside vocab_ids)
+    d_full = torch.full((t.shape[0], t.shape[1]), float("-inf"))
+    d_full[:, vocab_ids] = d_reduced
+    p, q = F.softmax(t, -1), F.softmax(d_full, -1)
+    alpha = torch.minimum(p, q).sum(-1)
+    tvd = 0.5 * (p - q).abs().sum(-1)
+    got_nla = divergence("neg_log_accept", t, d_reduced, vocab_ids=vocab_ids)
+    got_tvd = divergence("tvd", t, d_reduced, vocab_ids=vocab_ids)
+    assert torch.allclose(got_nla, -alpha.log().mean(), atol=1e-6)
+    assert torch.allclose(got_tvd, tvd.mean(), atol=1e-6)
+    assert torch.allclose(got_tvd, 1 - alpha.mean(), atol=1e-6)
+    # lk: lambda from the exact alpha, KL term on the renormalised restricted p
+    p_r = F.softmax(t[:, vocab_ids], -1)
+    q_r = F.softmax(d_reduced, -1)
+    lam = torch.exp(-3 * alpha)
+    want_lk = (lam * (p_r * (p_r.log() - q_r.log())).sum(-1) + (1 - lam) * tvd).mean()
+    assert torch.allclose(divergence("lk", t, d_reduced, vocab_ids=vocab_ids), want_lk, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["fkl", "rkl", "jsd"])
+def test_reduced_vocab_kl_uses_renormalised_target(kind):
+    t, d_reduced, vocab_ids = _reduced_case(seed=1)
+    got = divergence(kind, t, d_reduced, vocab_ids=vocab_ids)
+    want = _reference(kind, t[:, vocab_ids], d_reduced)
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    # a draft equal to the restricted target has zero KL-type loss but positive TVD (mass outside V_d)
+    same = t[:, vocab_ids].clone()
+    assert divergence(kind, t, same, vocab_ids=vocab_ids).abs() < 1e-5
+    assert divergence("tvd", t, same, vocab_ids=vocab_ids) > 0.01
+
+
+def test_reduced_vocab_chunked_gradients_match():
+    t, d_reduced, vocab_ids = _reduced_case(seed=2, n=25)
+    grads = []
+    for chunk in (1024, 4):
+        x = d_reduced.clone().requires_grad_(True)
+        divergence("lk", t, x, vocab_ids=vocab_ids, chunk_size=chunk).backward()
+        grads.append(x.grad)
+    assert torch.allclose(grads[0], grads[1], atol=1e-7)
+
+
+def test_bad_inputs_raise():
+    t, d = _logits(), _logits(seed=1)
+    with pytest.raises(DraftsmithError, match="unknown divergence"):
+        divergence("kl", t, d)
+    with pytest.raises(DraftsmithError, match="vocab_ids"):
+        divergence("fkl", t, d[:, :10])
+    with pytest.raises(DraftsmithError, match="vocab_ids"):
+        divergence("fkl", t, d[:, :10], vocab_ids=torch.arange(11))
+    with pytest.raises(DraftsmithError, match="token counts"):
+        divergence("fkl", t, d[:5])
+    with pytest.raises(DraftsmithError, match="mask"):
+        divergence("fkl", t, d, torch.ones(3, dtype=torch.bool))
+
+
+def test_bf16_inputs_computed_in_float32():
+    t, d = _logits(seed=0), _logits(seed=1)
+    got = divergence("fkl", t.bfloat16(), d.bfloat16())
+    want = divergence("fkl", t.bfloat16().float(), d.bfloat16().float())
+    assert got.dtype == torch.float32 and torch.allclose(got, want)

@@ -1,0 +1,174 @@
+"""Medusa / EAGLE modules, losses, save/load and trees on tiny random models (fast, CPU)."""
+
+import json
+
+import pytest
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.heads import EagleHead, MedusaHeads, load_head, save_head
+from draftsmith.heads.hidden import target_features
+from draftsmith.heads.losses import eagle_loss, ttt_unroll
+from draftsmith.heads.proposers import EagleProposer
+from draftsmith.heads.trees import expected_tau, medusa_tree, tree_parents
+from draftsmith.testing import tiny_llama
+
+AUX = [0, 1, 2]
+
+
+def _eagle3(target, v_d=200, seed=0):
+    torch.manual_seed(seed)
+    ids = torch.sort(torch.randperm(target.config.vocab_size)[:v_d]).values
+    ids[:3] = torch.tensor([0, 1, 2])  # specials kept
+    ids = torch.sort(torch.unique(ids)).values
+    return EagleHead.from_target(target, "eagle3", draft_vocab_ids=ids, aux_layers=AUX)
+
+
+def _randomize(head, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+    return head
+
+
+def test_medusa_layers_are_distinct_modules_and_start_as_the_target_head(tiny_target):
+    heads = MedusaHeads.from_target(tiny_target, num_heads=3, num_layers=2)
+    lins = [lin for blk in heads.blocks for lin in blk.layers]
+    assert len({id(m) for m in lins}) == 6 and len({m.weight.data_ptr() for m in lins}) == 6
+    with torch.no_grad():
+        lins[0].weight.add_(1.0)  # training one block must not move another (the `[ResBlock] * n` bug)
+    assert all(float(m.weight.abs().sum()) == 0 for m in lins[1:])
+    with torch.no_grad():
+        lins[0].weight.zero_()
+    ids = torch.randint(3, 300, (1, 7))
+    out = tiny_target(ids, output_hidden_states=True)
+    logits = heads(out.hidden_states[-1])  # zero-init blocks: every head == the target's lm_head
+    for k in range(3):
+        torch.testing.assert_close(logits[k], out.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_medusa_loss_labels_are_t_plus_2_plus_k(tiny_target):
+    heads = MedusaHeads.from_target(tiny_target, num_heads=2, num_layers=1)
+    h = torch.randn(1, 6, 64)
+    ids = torch.randint(3, 300, (1, 6))
+    mask = torch.ones_like(ids)
+    loss, m = heads.loss(h, ids, mask, decay=0.5)
+    lg = heads(h)
+    ce0 = torch.nn.functional.cross_entropy(lg[0, 0, :4], ids[0, 2:])
+    ce1 = torch.nn.functional.cross_entropy(lg[1, 0, :3], ids[0, 3:])
+    torch.testing.assert_close(loss, ce0 + 0.5 * ce1, rtol=1e-5, atol=1e-5)
+    assert set(m) >= {"head0/top1", "head1/top5", "head1/ce"}
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+def test_save_load_round_trip_reproduces_logits(tiny_target, tmp_path, kind):
+    if kind == "medusa":
+        head = _randomize(MedusaHeads.from_target(tiny_target, 2, 2))
+    elif kind == "eagle":
+        head = _randomize(EagleHead.from_target(tiny_target, "eagle"))
+    else:
+        head = _randomize(_eagle3(tiny_target))
+    save_head(head, tmp_path / "h")
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert cfg["draftsmith_head_type"] == kind and cfg["target"]["hidden_size"] == 64
+    loaded = load_head(tmp_path / "h", tiny_target)
+    assert type(loaded) is type(head)
+    x = torch.randn(1, 5, 64)
+    if kind == "medusa":
+        torch.testing.assert_close(loaded(x), head(x))
+        return
+    ids = torch.randint(3, 300, (1, 5))
+    feats = target_features(tiny_target, ids, torch.ones_like(ids), AUX if kind == "eagle3" else [])
+    hid = feats["aux"] if kind == "eagle3" else feats["last"]
+    a = [o for _, o in ttt_unroll(head.eval(), tiny_target.model.embed_tokens.weight, hid, ids, torch.ones_like(ids), 2)]
+    b = [o for _, o in ttt_unroll(loaded, tiny_target.model.embed_tokens.weight, hid, ids, torch.ones_like(ids), 2)]
+    for x1, x2 in zip(a, b):
+        torch.testing.assert_close(head.logits(x1, tiny_target.lm_head.weight), loaded.logits(x2, tiny_target.lm_head.weight))
+    if kind == "eagle3":
+        assert torch.equal(loaded.vocab_ids, head.vocab_ids) and loaded.t2d.sum() == head.d2t.numel()
+
+
+def test_eagle3_native_tensor_names(tiny_target):
+    names = set(_eagle3(tiny_target).state_dict())
+    want = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight",
+            "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight"}
+    want |= {f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"} | {f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    assert names == want
+    head = _eagle3(tiny_target)
+    assert head.fc.weight.shape == (64, 3 * 64) and head.midlayer.self_attn.q_proj.weight.shape[1] == 128
+    assert torch.equal(head.d2t + torch.arange(head.d2t.numel()), head.vocab_ids)
+
+
+def test_head_refuses_another_target(tiny_target, tmp_path):
+    save_head(MedusaHeads.from_target(tiny_target, 2, 1), tmp_path / "h")
+    other = tiny_llama(seed=5)  # same shapes, different weights
+    with pytest.raises(DraftsmithError, match="weights differ"):
+        load_head(tmp_path / "h", other)
+    bigger = tiny_llama(seed=0, num_hidden_layers=3)
+    with pytest.raises(DraftsmithError, match="num_hidden_layers"):
+        load_head(tmp_path / "h", bigger)
+
+
+def test_load_rejects_bad_folders(tiny_target, tmp_path):
+    with pytest.raises(DraftsmithError, match="not a head folder"):
+        load_head(tmp_path, tiny_target)
+    save_head(MedusaHeads.from_target(tiny_target, 2, 1), tmp_path / "h")
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    cfg["num_heads"] = 3
+    (tmp_path / "h" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DraftsmithError, match="tensor names"):
+        load_head(tmp_path / "h", tiny_target)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_training_time_test_matches_decode_time_drafting(tiny_target, kind):
+    """The TTT unroll (training) and the proposer's cached chain drafting (decode) compute the same thing: feed the
+    proposer's own greedy chain back as teacher-forced tokens and the unroll must predict that chain."""
+    head = _randomize(_eagle3(tiny_target) if kind == "eagle3" else EagleHead.from_target(tiny_target, "eagle")).eval()
+    layers = AUX if kind == "eagle3" else [2]
+    prop = EagleProposer(head, tiny_target, top_k=1, depth=3, total_tokens=3)
+    ctx = torch.randint(3, 300, (1, 9))
+    with torch.no_grad():
+        hs = tiny_target(ctx, output_hidden_states=True).hidden_states
+        prop.begin(ctx, tuple(hs[i][:, :-1] for i in layers))
+        chain = prop.propose(3, None).tokens  # [1, 3]
+        seq = torch.cat([ctx, chain], 1)
+        feats = target_features(tiny_target, seq, torch.ones_like(seq), AUX if kind == "eagle3" else [])
+        hid = feats["aux"] if kind == "eagle3" else feats["last"]
+        col = ctx.shape[1] - 2  # last context entry: (feature at 7, token 8)
+        for i, out in ttt_unroll(head, tiny_target.model.embed_tokens.weight, hid, seq, torch.ones_like(seq), 3):
+            top = head.logits(out[0, col], tiny_target.lm_head.weight).argmax()
+            tok = head.vocab_ids[top] if kind == "eagle3" else top
+            assert int(tok) == int(chain[0, i]), f"depth {i + 1}"
+
+
+def test_eagle_loss_backward_and_acceptance_metrics(tiny_target):
+    head = _eagle3(tiny_target)
+    ids = torch.randint(3, 300, (2, 10))
+    am = torch.ones_like(ids)
+    lm = am.clone()
+    lm[:, :3] = 0
+    feats = target_features(tiny_target, ids, am, AUX)
+    loss, m = eagle_loss(head.train(), tiny_target.model.embed_tokens.weight, tiny_target.lm_head.weight, feats, ids, am,
+                         lm, ttt_steps=3)
+    loss.backward()
+    assert head.fc.weight.grad is not None and head.fc.weight.grad.abs().sum() > 0
+    assert {"acc_0", "acc_2", "tau_sim", "loss_1"} <= set(m)
+    assert 1.0 <= m["tau_sim"] <= 4.0
+    # a "draft" that copies the target exactly has acceptance 1 at depth 0
+    loss2, m2 = eagle_loss(head, tiny_target.model.embed_tokens.weight, tiny_target.lm_head.weight, feats, ids, am, lm,
+                           ttt_steps=1, loss="tvd")
+    assert torch.isfinite(loss2)
+
+
+def test_medusa_tree_from_accuracies():
+    acc = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]
+    paths = medusa_tree(acc, 8)
+    assert paths[0] == (0,) and len(paths) == 8
+    parents = tree_parents(paths)
+    assert all(p < i for i, p in enumerate(parents))
+    # greedy choice: no unchosen frontier node is more probable than a chosen one
+    assert expected_tau(paths, acc) > expected_tau([(0,), (0, 0), (0, 0, 0)], acc)
+    assert expected_tau(paths, acc) == pytest.approx(1 + sum(
+        __import__("math").prod(acc[j][r] for j, r in enumerate(p)) for p in paths))

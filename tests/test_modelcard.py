@@ -1,0 +1,136 @@
+"""Model cards: front matter parses, the model-index holds exactly eval.json's numbers, license inheritance."""
+
+import json
+
+import pytest
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.modelcard import build_card, describe_folder, load_eval, parse_card, target_license
+
+EVAL = {
+    "tau": 2.4637,
+    "alpha_per_position": [0.71, 0.52, 0.33, 0.21],
+    "accept_length_hist": {"1": 10, "2": 7, "3": 4},
+    "tokens_per_s": {"speculative": 181.25, "plain": 97.5},
+    "speedup": 1.859,
+    "target_forwards": 123,
+    "draft_time_share": 0.18,
+    "lossless": True,
+    "per_category": {"writing": {"tau": 2.1, "speedup": 1.6, "alpha_per_position": [0.6], "n_prompts": 4}},
+    "conditions": {
+        "target": "tiny",
+        "drafter": "medusa:run/final",
+        "drafter_kind": "medusa",
+        "k": 4,
+        "tree": None,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "max_new_tokens": 64,
+        "prompts": "builtin:dev-eval",
+        "n_prompts": 8,
+        "seed": 0,
+        "device": "cuda",
+        "dtype": "bf16",
+        "hardware": "NVIDIA H100",
+        "torch_version": "2.13",
+        "draftsmith_version": "0.1.0",
+        "date": "2026-11-29",
+    },
+    "prompts": [],
+}
+
+
+@pytest.fixture
+def medusa_dir(tmp_path):
+    """A Medusa head whose target folder carries a README with a license."""
+    from draftsmith.heads.io import save_head
+    from draftsmith.heads.medusa import MedusaHeads
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.testing import save_tiny
+
+    tpath = save_tiny(tmp_path / "target", seed=0)
+    (tpath / "README.md").write_text("---\nlicense: mit\nlanguage: en\n---\n# tiny\n")
+    heads = MedusaHeads.from_target(AutoModelForCausalLM.from_pretrained(tpath), num_heads=2)
+    save_head(heads, tmp_path / "run" / "final")
+    cfg = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
+    cfg["target"]["hub_id"] = "someone/tiny-target"
+    (tmp_path / "run" / "final" / "config.json").write_text(json.dumps(cfg))
+    return tmp_path / "run" / "final"
+
+
+def _metric(card: dict, name: str):
+    for res in card["model-index"][0]["results"]:
+        for m in res["metrics"]:
+            if m["name"] == name:
+                return m
+    raise KeyError(name)
+
+
+def test_card_front_matter_and_model_index_equal_eval_json(medusa_dir):
+    card_text = build_card(
+        describe_folder(medusa_dir), "me/tiny-medusa", EVAL, run_yaml="optim:\n  lr: 0.001\n"
+    )
+    card = parse_card(card_text)
+    assert card["base_model"] == "someone/tiny-target"
+    assert card["license"] == "mit"  # inherited from the target folder's README front matter
+    assert card["library_name"] == "draftsmith"
+    assert {"speculative-decoding", "draftsmith", "medusa"} <= set(card["tags"])
+    assert card["model-index"][0]["name"] == "tiny-medusa"
+    tau = _metric(card, "tau: mean accepted tokens per target step (bonus token included)")
+    assert tau["value"] == EVAL["tau"] and tau["type"] == "mean_accepted_length"
+    assert _metric(card, "wall-clock speedup vs plain decoding (same run)")["value"] == EVAL["speedup"]
+    assert _metric(card, "tokens/s, speculative")["value"] == EVAL["tokens_per_s"]["speculative"]
+    assert _metric(card, "tokens/s, plain decoding")["value"] == EVAL["tokens_per_s"]["plain"]
+    alphas = [_metric(card, f"alpha at draft position {i + 1}")["value"] for i in range(4)]
+    assert alphas == EVAL["alpha_per_position"]
+    args = tau["args"]
+    assert (args["k"], args["temperature"], args["device"], args["dtype"], args["hardware"]) == (
+        4,
+        0.0,
+        "cuda",
+        "bf16",
+        "NVIDIA H100",
+    )
+    res = card["model-index"][0]["results"][0]
+    assert res["dataset"]["name"] == "builtin:dev-eval" and res["dataset"]["args"]["n_prompts"] == 8
+    # body: conventions stated, conditions, recipe, how to export/serve
+    assert "bonus" in card_text and "same run" in card_text and "lr: 0.001" in card_text
+    assert "draftsmith export" in card_text and "--format vllm-medusa" in card_text
+
+
+def test_card_for_exports_and_drafts(medusa_dir, tmp_path):
+    from draftsmith.export import export
+
+    out = export(medusa_dir, "vllm-medusa", tmp_path / "exp")
+    text = build_card(describe_folder(out), "me/tiny-medusa-vllm", EVAL)
+    card = parse_card(text)
+    assert card["library_name"] == "vllm" and "vllm-medusa" in card["tags"]
+    assert '"method": "medusa"' in text and "vllm serve someone/tiny-target" in text
+    info = {"kind": "draft", "format": None, "target": {"hub_id": "someone/tiny-target"}}
+    text = build_card(info, "me/tiny-draft", None)
+    card = parse_card(text)
+    assert (
+        card["library_name"] == "transformers" and "model-index" not in card and "distillspec" in card["tags"]
+    )
+    assert "assistant_model=draft" in text and "--no-results" in text
+    assert "license" not in card and "could not be determined" in text
+
+
+def test_load_eval_refuses_incomplete_json(tmp_path):
+    p = tmp_path / "eval.json"
+    p.write_text(json.dumps({k: v for k, v in EVAL.items() if k != "tau"}))
+    with pytest.raises(DraftsmithError, match="lacks 'tau'"):
+        load_eval(p)
+    p.write_text("{not json")
+    with pytest.raises(DraftsmithError, match="not valid JSON"):
+        load_eval(p)
+    with pytest.raises(DraftsmithError, match="not found"):
+        load_eval(tmp_path / "missing.json")
+
+
+@pytest.mark.slow  # GGUFReader parses the whole header of the embedded 100 MB file (~10 s on 2 cores)
+def test_embedded_target_license_comes_from_gguf_metadata():
+    lic, source = target_license({"name": "smollm2-135m", "hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+    assert lic == "apache-2.0" and "GGUF" in source

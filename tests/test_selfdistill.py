@@ -1,0 +1,95 @@
+import json
+
+import pytest
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.selfdistill import data_files, generate_dataset, load_generated
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    f = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": f"Question {i}: what is {i} plus {i}?", "category": "math" if i % 2 else "chat"} for i in range(7)]
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    return str(f)
+
+
+def _gen(tiny_dirs, prompts, out, **kw):
+    kw = {"max_new_tokens": 6, "batch_size": 3, "shard_size": 2, "progress": False, **kw}
+    return generate_dataset(tiny_dirs["target"], prompts, out, **kw)
+
+
+def test_generate_writes_loadable_token_ids(tiny_dirs, prompt_file, tmp_path, tiny_tokenizer, tiny_target):
+    out = _gen(tiny_dirs, prompt_file, tmp_path / "gen")
+    rows = load_generated(out)
+    assert sorted(r["id"] for r in rows) == [str(i) for i in range(7)]
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["n_rows"] == 7 and len(man["shards"]) >= 3  # shard_size=2: several shards
+    assert not list(out.glob("*.tmp"))
+    for r in rows:
+        assert r["finish"] in ("stop", "length") and 1 <= len(r["response_ids"]) <= 6
+        if r["finish"] == "stop":
+            assert r["response_ids"][-1] == tiny_tokenizer.eos_token_id
+    # greedy: the stored response is exactly the target's greedy continuation of the stored prompt ids
+    import torch
+
+    r = rows[0]
+    seq = tiny_target.generate(
+        torch.tensor([r["prompt_ids"]]), max_new_tokens=6, do_sample=False, eos_token_id=2, pad_token_id=2
+    )
+    expect = seq[0, len(r["prompt_ids"]) :].tolist()
+    assert r["response_ids"] == expect[: len(r["response_ids"])]
+    import datasets
+
+    ds = datasets.load_dataset("json", data_files=data_files(out), split="train")
+    assert len(ds) == 7 and set(ds.column_names) >= {"prompt_ids", "response_ids", "category", "id", "finish"}
+
+
+def test_generate_resumes_and_skips_done(tiny_dirs, prompt_file, tmp_path):
+    out = tmp_path / "gen"
+    _gen(tiny_dirs, prompt_file, out, limit=4)
+    with pytest.raises(DraftsmithError, match="other settings"):
+        _gen(tiny_dirs, prompt_file, out, limit=7)
+    man = json.loads((out / "manifest.json").read_text())
+    # simulate a run killed after its first shard: drop the later shards from the manifest
+    (out / "shard-00001.jsonl").unlink()
+    (out / "shard-00002.jsonl.tmp").write_text('{"id": "garbage"')  # a half-written shard is never trusted
+    man["shards"], man["n_rows"] = man["shards"][:1], man["shards"][0]["n_rows"]
+    (out / "manifest.json").write_text(json.dumps(man))
+    first = {r["id"] for r in load_generated(out)}
+    _gen(tiny_dirs, prompt_file, out, limit=4)
+    rows = load_generated(out)
+    assert sorted(r["id"] for r in rows) == ["0", "1", "2", "3"]  # no duplicates, nothing lost
+    assert first < {r["id"] for r in rows}
+
+
+def test_generate_bad_inputs(tiny_dirs, tmp_path, prompt_file):
+    with pytest.raises(DraftsmithError, match="evaluation set"):
+        _gen(tiny_dirs, "builtin:dev-eval", tmp_path / "a")
+    with pytest.raises(DraftsmithError, match="not found"):
+        _gen(tiny_dirs, str(tmp_path / "missing.jsonl"), tmp_path / "b")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"other": 1}\n')
+    with pytest.raises(DraftsmithError, match="no usable prompts"):
+        _gen(tiny_dirs, str(empty), tmp_path / "c")
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "word " * 600}) + "\n" + json.dumps({"prompt": "short"}) + "\n")
+    with pytest.raises(DraftsmithError, match="fit the context"):
+        _gen(tiny_dirs, str(long), tmp_path / "d")
+    assert len(load_generated(_gen(tiny_dirs, str(long), tmp_path / "e", skip_long=True))) == 1
+    with pytest.raises(DraftsmithError, match="not found"):
+        load_generated(tmp_path / "nothing")
+    (tmp_path / "notgen").mkdir()
+    with pytest.raises(DraftsmithError, match="manifest"):
+        load_generated(tmp_path / "notgen")
+
+
+def test_generate_cli(tiny_dirs, prompt_file, tmp_path, capsys):
+    from draftsmith.cli import main
+
+    out = tmp_path / "cli"
+    rc = main(["generate", "--target", tiny_dirs["target"], "--prompts", prompt_file, "--out", str(out),
+               "--max-new-tokens", "4", "--limit", "3", "--temperature", "0.8", "--top-p", "0.9"])
+    assert rc == 0 and "3 rows" in capsys.readouterr().out
+    assert main(["generate", "--target", tiny_dirs["target"], "--prompts", "builtin:vicuna", "--out", str(out)]) == 2
+    assert "evaluation set" in capsys.readouterr().err

@@ -1,0 +1,128 @@
+import json
+import shutil
+
+import pytest
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.trainer import TrainArgs, list_checkpoints, make_accelerator, run
+
+
+class Toy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.lin(x)
+
+    def save_pretrained(self, d):
+        from safetensors.torch import save_file
+
+        d.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(d / "model.safetensors"))
+
+
+def batches(epoch):
+    # deterministic per epoch; each batch is tagged with its position so tests can check the data order
+    g = torch.Generator().manual_seed(epoch)
+    out = []
+    for i in range(5):
+        x = torch.randn(3, 4, generator=g)
+        out.append({"x": x, "y": x.sum(-1, keepdim=True), "tag": torch.tensor(epoch * 100 + i)})
+    return out
+
+
+class Killed(Exception):
+    pass
+
+
+def loss_fn(seen, kill_at=None):
+    def fn(model, batch):
+        if kill_at is not None and len(seen) == kill_at:
+            raise Killed  # a run killed mid-step
+        seen.append(int(batch["tag"]))
+        loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
+        return loss, {"n_tokens": 3}
+
+    return fn
+
+
+def _run(out, seen, resume=False, overwrite=False, cfg=None, kill_at=None, **kw):
+    args = TrainArgs(**{"max_steps": 6, "lr": 0.05, "log_every": 1, "save_every": 2, "keep_checkpoints": 2,
+                        "grad_accum": 2, "warmup_steps": 1, **kw})
+    model = Toy()
+    evals = []
+    res = run(make_accelerator(args, cpu=True), model, loss_fn(seen, kill_at), batches, args, out,
+              eval_fn=lambda m: evals.append(1) or {"w0": float(m.lin.weight[0, 0])},
+              resume=resume, overwrite=overwrite, run_config=cfg or {"a": 1, "train": {"max_steps": args.max_steps}},
+              progress=False)
+    return model, res, evals
+
+
+def test_train_writes_outputs_and_resume_matches_straight_run(tmp_path):
+    seen_a = []
+    straight, res, evals = _run(tmp_path / "a", seen_a)
+    out = tmp_path / "a"
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_ev = [e for e in events if e["event"] == "train"]
+    assert [e["step"] for e in train_ev] == [1, 2, 3, 4, 5, 6]
+    assert all("loss" in e and "lr" in e and e["tokens_per_s"] > 0 and e["n_tokens"] == 6 for e in train_ev)
+    assert [e["step"] for e in events if e["event"] == "eval"] == [0, 6] and len(evals) == 2
+    assert train_ev[-1]["loss"] < train_ev[0]["loss"]
+    assert [p.name for p in list_checkpoints(out)] == ["step-0000004", "step-0000006"]  # keep_checkpoints=2
+    assert (out / "final" / "model.safetensors").is_file() and (out / "run.yaml").is_file()
+    # 6 steps x 2 micro-batches = 12 batches: epoch 0 (5), epoch 1 (5), epoch 2 (2)
+    assert seen_a == [0, 1, 2, 3, 4, 100, 101, 102, 103, 104, 200, 201]
+
+    # a run killed in step 5 (after the step-4 checkpoint), then resumed
+    seen_b = []
+    with pytest.raises(Killed):
+        _run(tmp_path / "b", seen_b, kill_at=9)
+    assert [p.name for p in list_checkpoints(tmp_path / "b")] == ["step-0000002", "step-0000004"]
+    del seen_b[8:]  # the killed step's micro-batch is redone after resuming
+    resumed, res_b, _ = _run(tmp_path / "b", seen_b, resume=True)
+    assert res_b["step"] == 6
+    assert seen_b == seen_a  # data position restored: no batch repeated or skipped
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        torch.testing.assert_close(p, q)  # optimizer/scheduler state restored too
+    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["event"] == "train"]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    # a longer max_steps is an allowed change on resume: the step count continues
+    _, res_c, _ = _run(tmp_path / "b", [], resume=True, max_steps=8, cfg={"a": 1, "train": {"max_steps": 8}})
+    assert res_c["step"] == 8
+
+
+def test_out_dir_guards_and_corrupt_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    _run(out, [], max_steps=2, cfg={"a": 1})
+    with pytest.raises(DraftsmithError, match="another run"):
+        _run(out, [], max_steps=2, cfg={"a": 2})
+    with pytest.raises(DraftsmithError, match="--resume"):
+        _run(out, [], max_steps=2, cfg={"a": 1})
+    with pytest.raises(DraftsmithError, match="no run to resume"):
+        _run(tmp_path / "fresh", [], resume=True)
+    # a half-written checkpoint (tmp name) is ignored; a renamed one without its state file is named as corrupt
+    ckpt = list_checkpoints(out)[-1]
+    shutil.copytree(ckpt, out / "checkpoints" / ".tmp-step-0000009")
+    (ckpt / "trainer_state.json").write_text("{not json")
+    with pytest.raises(DraftsmithError, match="step-0000002 is corrupt"):
+        _run(out, [], max_steps=4, resume=True, cfg={"a": 1})
+    # overwrite wipes the old run
+    _, res, _ = _run(out, [], max_steps=2, overwrite=True, cfg={"a": 3})
+    assert res["step"] == 2 and len(list_checkpoints(out)) == 1
+
+
+def test_train_args_validation_and_empty_data(tmp_path):
+    with pytest.raises(DraftsmithError, match="train.grad_accum"):
+        TrainArgs(grad_accum=0)
+    with pytest.raises(DraftsmithError, match="train.lr"):
+        TrainArgs(lr=0)
+    args = TrainArgs(max_steps=2)
+    with pytest.raises(DraftsmithError, match="no batch"):
+        run(make_accelerator(args, cpu=True), Toy(), loss_fn([]), [], args, tmp_path / "e", progress=False)
+    bad = TrainArgs(max_steps=2, grad_accum=2)
+    with pytest.raises(DraftsmithError, match="gradient_accumulation_steps"):
+        run(make_accelerator(args, cpu=True), Toy(), loss_fn([]), batches, bad, tmp_path / "f", progress=False)
