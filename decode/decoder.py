@@ -105,8 +105,8 @@ class SpeculativeDecoder:
             )
         input_ids = input_ids.to(self.device)
         layers = tuple(proposer.hidden_state_layers) if proposer is not None else ()
-        verify_gen = torch.Generator().manual_seed(seed)  # host walk in verify_sampling
-        draft_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
+        verify_gen = torch.Generator().manual_seed(2 * seed)  # host walk in verify_sampling
+        draft_gen = torch.Generator(device=self.device).manual_seed(2 * seed + 1)  # independent streams
         res = GenerationResult(tokens=[], prompt_len=T)
         self._sync()
         t0 = time.perf_counter()

@@ -56,7 +56,7 @@ def parse_kv(arg: str, allowed: dict[str, type], kind: str) -> dict[str, Any]:
     return out
 
 
-def build_ngram(arg: str, ctx: DrafterContext) -> Proposer:
+def build_ngram(arg: str, ctx: DrafterContext | None) -> Proposer:
     opts = parse_kv(arg, {"max": int, "min": int}, "ngram")
     return NGramProposer(max_n=opts.get("max", 3), min_n=opts.get("min", 1))
 
@@ -105,6 +105,8 @@ def validate_spec(spec: str) -> tuple[str, str]:
         raise DraftsmithError(f"unknown drafter kind {kind!r}; use one of {kinds()} (e.g. draft:DIR or ngram:)")
     if kind in ("draft", *LAZY_KINDS) and not arg:
         raise DraftsmithError(f"drafter '{kind}:' needs a checkpoint: {kind}:<folder|hub id>")
+    if kind == "ngram":
+        build_ngram(arg, None)  # options are checked before any weights load
     return kind, arg
 
 

@@ -12,6 +12,7 @@ from draftsmith.distill.vocab import (
     load_draft_vocab,
     restricted_logits,
     save_draft_vocab,
+    special_token_ids,
     to_target_probs,
     token_counts,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "save_draft_vocab",
     "select_layers",
     "shrink",
+    "special_token_ids",
     "to_target_probs",
     "token_counts",
 ]

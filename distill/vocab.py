@@ -39,6 +39,17 @@ def token_counts(sequences: Iterable[Sequence[int]], vocab_size: int) -> torch.L
     return counts
 
 
+def special_token_ids(tokenizer) -> list[int]:
+    """Ids of the tokenizer's special tokens (bos/eos/pad/unk/additional), sorted: pass as `always` so the
+    draft can still propose eos and chat-template tokens."""
+    ids = set(getattr(tokenizer, "all_special_ids", None) or ())
+    for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int):
+            ids.add(value)
+    return sorted(i for i in ids if i is not None and i >= 0)
+
+
 def build_vocab_ids(counts: torch.Tensor, size: int, always: Sequence[int] = ()) -> torch.LongTensor:
     """The `size` most frequent ids (ties -> lower id), always including `always` -> sorted [size] int64."""
     counts = torch.as_tensor(counts).reshape(-1)

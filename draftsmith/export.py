@@ -58,8 +58,9 @@ def _writers(speculative_tokens: int) -> dict[str, Callable[[Checkpoint, Path], 
 
 
 AUX_NOTES = {
-    "sglang-eagle3": "eagle_config.eagle_aux_hidden_state_layer_ids are SGLang layer-output ids (draftsmith id - 1); "
-    "SGLang captures the input of layer id+1",
+    "sglang-eagle3": "eagle_config.eagle_aux_hidden_state_layer_ids are SGLang layer-output ids (draftsmith id - 1; "
+    "SGLang captures the input of layer id+1); the top-level eagle_aux_hidden_state_layer_ids are vLLM layer-input "
+    "ids (= draftsmith's), which vLLM reads first",
     "speculators": "eagle_aux_hidden_state_layer_ids are vLLM layer-input ids (= draftsmith's, unchanged)",
 }
 

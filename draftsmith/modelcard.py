@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.exporters.checkpoint import EXPORT_MANIFEST, read_json
+from draftsmith.exporters.checkpoint import EXPORT_MANIFEST, read_json, target_hub_id
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +122,18 @@ def target_license(target: dict) -> tuple[str | None, str]:
             lic = _front_matter((Path(ref.path) / "README.md").read_text(errors="replace")).get("license")
             if lic:
                 return str(lic), f"{ref.path}/README.md"
-        if ref.kind == "gguf":
+        gguf_path = Path(ref.path) / ref.gguf_file if ref.kind == "gguf" else None
+        if (
+            ref.kind == "dir" and (Path(ref.path) / "DRAFTSMITH_SOURCE.txt").is_file()
+        ):  # dequantized GGUF cache
+            gguf_path = Path((Path(ref.path) / "DRAFTSMITH_SOURCE.txt").read_text().strip())
+        if gguf_path is not None and gguf_path.is_file():
             try:
                 import gguf
 
-                field = gguf.GGUFReader(str(Path(ref.path) / ref.gguf_file)).fields.get("general.license")
+                field = gguf.GGUFReader(str(gguf_path)).fields.get("general.license")
                 if field is not None:
-                    return str(field.contents()), f"GGUF metadata of {ref.gguf_file}"
+                    return str(field.contents()), f"GGUF metadata of {gguf_path.name}"
             except Exception as e:  # noqa: BLE001 - metadata is optional; the card says the license is unknown
                 log.debug("no GGUF license: %s", e)
     hub_id = target.get("hub_id")
@@ -200,6 +205,7 @@ def _usage(kind: str, fmt: str | None, repo_id: str, target_id: str, k: int) -> 
         return (
             f"```bash\nvllm serve {target_id} --speculative-config "
             f'\'{{"method": "medusa", "model": "{repo_id}", "num_speculative_tokens": {k}}}\'\n```\n'
+            "Needs a vLLM release that still ships Medusa (vLLM 0.33.0 has none); vLLM proposes top-1 chains only.\n"
         )
     if kind == "draft":
         return (
@@ -227,8 +233,9 @@ def build_card(
     """README.md text: YAML front matter (incl. model-index from eval.json) + body."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    kind, fmt, target = info["kind"], info.get("format"), info.get("target") or {}
-    target_id = target.get("hub_id") or target.get("name_or_path") or target.get("name") or "TARGET"
+    kind, fmt, target = info["kind"], info.get("format"), dict(info.get("target") or {})
+    target["hub_id"] = target_hub_id(target)
+    target_id = target["hub_id"] or target.get("name_or_path") or target.get("name") or "TARGET"
     name = repo_id.split("/")[-1]
     lic, lic_src = target_license(target)
     tags = ["speculative-decoding", "draftsmith", KIND_TAGS.get(kind, kind)] + ([fmt] if fmt else [])
@@ -248,7 +255,7 @@ def build_card(
     k = int(cond.get("k") or 4)
     body = [
         f"# {name}\n",
-        f"{KIND_TEXT.get(kind, kind)} for speculative decoding with "
+        f"{KIND_TEXT.get(kind, kind).capitalize()} for speculative decoding with "
         f"[{target_id}](https://huggingface.co/{target_id}), trained with draftsmith."
         + (f" Exported as `{fmt}`." if fmt else "")
         + "\n",
@@ -304,12 +311,23 @@ def build_card(
         body.append("")
     else:
         body += ["## Measured results\n", "None published with this checkpoint (pushed with --no-results).\n"]
-    body += [
-        "## How to use\n",
-        _usage(kind, fmt, repo_id, target_id, k),
-        f"Measure it yourself:\n\n```bash\ndraftsmith eval --target {target_id} --drafter "
-        f"{'draft' if kind == 'draft' else kind}:./{name} --prompts builtin:dev-eval --out eval\n```\n",
-    ]
+    body += ["## How to use\n", _usage(kind, fmt, repo_id, target_id, k)]
+    if (
+        kind == "draft"
+        and fmt is None
+        and info.get("path")
+        and (Path(info["path"]) / "draft_vocab.safetensors").is_file()
+    ):
+        body.append(
+            "This draft was trained with a reduced output vocabulary (`draft_vocab.safetensors`): draftsmith "
+            "restricts its logits to those rows, other loaders do not. For transformers or vLLM publish "
+            "`draftsmith export --format hf` instead, which keeps excluded tokens from ever winning argmax.\n"
+        )
+    if fmt in (None, "hf"):  # draftsmith eval reads native checkpoints and hf drafts, not engine exports
+        body.append(
+            f"Measure it yourself:\n\n```bash\ndraftsmith eval --target {target_id} --drafter "
+            f"{'draft' if kind == 'draft' else kind}:./{name} --prompts builtin:dev-eval --out eval\n```\n"
+        )
     if run_yaml:
         body += [
             "## Training recipe\n",

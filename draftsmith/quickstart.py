@@ -84,7 +84,7 @@ def distill_config(out: Path, target: str, sizes: QuickstartSizes, layers: list[
                 "source": str(out / "data" / "train"),
                 "policy": "target",
                 "max_length": 512,
-                "eval_size": 16,
+                "eval_size": max(1, min(16, sizes.train_prompts // 8)),
             },
             "loss": {"kind": "fkl", "temperature": 1.0},
             "train": {
@@ -105,11 +105,16 @@ def distill_config(out: Path, target: str, sizes: QuickstartSizes, layers: list[
     )
 
 
-def dev_eval_prompts(n: int):
-    """n dev-eval prompts, half Vicuna-80 and half HumanEval (evaluation only)."""
-    from draftsmith.prompts import load_prompts
+def dev_eval_prompts(n: int, tokenizer=None, max_length: int | None = None):
+    """n dev-eval prompts, half Vicuna-80 and half HumanEval (evaluation only), skipping any that would not fit
+    `max_length` tokens with the chat template applied."""
+    from draftsmith.prompts import load_prompts, prompt_ids
 
-    vic, he = load_prompts("builtin:vicuna"), load_prompts("builtin:humaneval")
+    def fits(p) -> bool:
+        return tokenizer is None or max_length is None or len(prompt_ids(tokenizer, p)) <= max_length
+
+    vic = [p for p in load_prompts("builtin:vicuna") if fits(p)]
+    he = [p for p in load_prompts("builtin:humaneval") if fits(p)]
     return vic[: (n + 1) // 2] + he[: n // 2]
 
 
@@ -145,16 +150,17 @@ def quickstart(
     )
     gen_kw = {
         "max_new_tokens": sizes.max_new_tokens,
-        "batch_size": 16,
+        "batch_size": 64,
         "model": model,
         "tokenizer": tok,
         "progress": progress,
         "skip_long": True,
     }
     generate_dataset(target, "builtin:train", out / "data" / "train", limit=sizes.train_prompts, **gen_kw)
-    generate_dataset(
-        target, dev_eval_prompts(sizes.dev_prompts), out / "data" / "dev-eval", for_eval=True, **gen_kw
-    )
+    # prompts must leave room for the answer (and the decoder's k+1 lookahead) in the target's context
+    room = model.config.max_position_embeddings - max(sizes.max_new_tokens, sizes.eval_max_new_tokens) - 8
+    dev = dev_eval_prompts(sizes.dev_prompts, tok, room)
+    generate_dataset(target, dev, out / "data" / "dev-eval", for_eval=True, **gen_kw)
     timings["generate_s"] = time.perf_counter() - t
     dev_examples = examples_from_generated(out / "data" / "dev-eval", for_eval=True)
 
@@ -208,7 +214,7 @@ def quickstart(
         res = evaluate(
             target,
             f"draft:{summary['final_dir']}",
-            dev_eval_prompts(sizes.eval_prompts),
+            dev_eval_prompts(sizes.eval_prompts, tok, room),
             k=4,
             max_new_tokens=sizes.eval_max_new_tokens,
             out_dir=out / "eval",

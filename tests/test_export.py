@@ -214,6 +214,15 @@ def test_sglang_eagle3_files_config_and_round_trip(target, tmp_path):
     native = _native_logits(head, target, ids)
     assert torch.allclose(engine, native, atol=1e-4, rtol=1e-4)
     assert torch.equal(engine.argmax(-1), native.argmax(-1))
+    # vLLM loads the same folder (arch LlamaForCausalLMEagle3 -> Eagle3LlamaForCausalLM): it reads the top-level
+    # ids first and uses them as layer inputs, and norm_before_residual from the config (default False)
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == AUX and "eagle_aux_layer_semantics" not in cfg
+    vllm_ids = (
+        cfg.get("eagle_aux_hidden_state_layer_ids") or cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    )
+    aux_v = engine_capture(target, ids, set(vllm_ids))
+    engine_v = eagle3_reference(cfg, t, embeds, aux_v, "midlayer.", cfg.get("norm_before_residual", False))
+    assert torch.allclose(engine_v, native, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("norm_before_residual", [False, True])
@@ -245,7 +254,8 @@ def test_speculators_files_config_and_round_trip(target, tmp_path, norm_before_r
 
 
 def _sglang_param_for(name):
-    """SGLang LlamaForCausalLMEagle3.load_weights name mapping (srt/models/llama_eagle3.py)."""
+    """SGLang 0.5.23 LlamaForCausalLMEagle3.load_weights name mapping (srt/models/llama_eagle3.py)."""
+    name = name.replace("midlayer", "layers.0")  # its legacy_name_map
     if "d2t" in name or "t2d" in name:
         return name
     for shard, fused in (
@@ -282,7 +292,7 @@ def _vllm_param_for(name):
 ENGINE_PARAMS = {  # parameters the engines' EAGLE-3 modules create (embed_tokens shared from the target)
     "sglang": {"model.fc.weight", "model.norm.weight", "lm_head.weight", "d2t", "t2d"}
     | {
-        f"model.midlayer.{n}.weight"
+        f"model.layers.0.{n}.weight"
         for n in (
             "self_attn.qkv_proj",
             "self_attn.o_proj",

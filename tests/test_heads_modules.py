@@ -128,6 +128,9 @@ def test_training_time_test_matches_decode_time_drafting(tiny_target, kind):
     head = _randomize(_eagle3(tiny_target) if kind == "eagle3" else EagleHead.from_target(tiny_target, "eagle")).eval()
     layers = AUX if kind == "eagle3" else [2]
     prop = EagleProposer(head, tiny_target, top_k=1, depth=3, total_tokens=3)
+    seen = []  # the head outputs the proposer turns into draft logits, depth by depth
+    real_logp = prop._logp
+    prop._logp = lambda out: (seen.append(out.reshape(-1, out.shape[-1])[0].clone()), real_logp(out))[1]
     ctx = torch.randint(3, 300, (1, 9))
     with torch.no_grad():
         hs = tiny_target(ctx, output_hidden_states=True).hidden_states
@@ -138,6 +141,7 @@ def test_training_time_test_matches_decode_time_drafting(tiny_target, kind):
         hid = feats["aux"] if kind == "eagle3" else feats["last"]
         col = ctx.shape[1] - 2  # last context entry: (feature at 7, token 8)
         for i, out in ttt_unroll(head, tiny_target.model.embed_tokens.weight, hid, seq, torch.ones_like(seq), 3):
+            torch.testing.assert_close(out[0, col], seen[i], rtol=2e-3, atol=2e-3)
             top = head.logits(out[0, col], tiny_target.lm_head.weight).argmax()
             tok = head.vocab_ids[top] if kind == "eagle3" else top
             assert int(tok) == int(chain[0, i]), f"depth {i + 1}"

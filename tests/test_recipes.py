@@ -95,7 +95,7 @@ def test_two_cpu_processes_with_accelerate_launch(tiny_dirs, gen_dir, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(ROOT / "recipes" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "29561",
-           str(ROOT / "train" / "distill.py"), "--config", str(recipe), "--no-progress", *ov, "train.max_steps=3"]
+           str(ROOT / "train" / "distill.py"), "--config", str(recipe), "--no-progress", *ov, "train.max_steps=3", "train.log_every=1"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "done: step 3" in proc.stdout

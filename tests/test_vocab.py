@@ -8,6 +8,7 @@ from draftsmith.distill.vocab import (
     load_draft_vocab,
     restricted_logits,
     save_draft_vocab,
+    special_token_ids,
     to_target_probs,
     token_counts,
 )
@@ -135,3 +136,11 @@ def test_restricted_logits_rejects_lora_on_lm_head(tiny_draft):
     model = add_lora(copy.deepcopy(tiny_draft), r=2, target_modules=["q_proj", "lm_head"])
     with pytest.raises(DraftsmithError, match="lm_head"):
         restricted_logits(model, torch.tensor([[1, 2, 3]]), vocab_ids=torch.tensor([1, 2]))
+
+
+def test_special_token_ids_kept_in_vocab(tiny_tokenizer):
+    ids = special_token_ids(tiny_tokenizer)
+    assert ids == [0, 1, 2]  # <|endoftext|>, <|im_start|>, <|im_end|> (eos)
+    counts = token_counts([tiny_tokenizer("hello world hello").input_ids], len(tiny_tokenizer))
+    vocab_ids = build_vocab_ids(counts, 5, always=ids)
+    assert tiny_tokenizer.eos_token_id in vocab_ids.tolist() and len(vocab_ids) == 5

@@ -64,6 +64,25 @@ class Checkpoint:
             return {n: f.get_tensor(n) for n in (names if names is not None else list(f.keys()))}
 
 
+def target_hub_id(target: dict) -> str | None:
+    """The target's Hub id: recorded, or recovered for a draftsmith GGUF cache folder (DRAFTSMITH_SOURCE.txt names
+    the .gguf; an embedded target's GGUF maps to its Hub id) so cards and engine configs get a portable name."""
+    if target.get("hub_id"):
+        return str(target["hub_id"])
+    from draftsmith.models import EMBEDDED_TARGETS
+
+    name = str(target.get("name_or_path") or target.get("name") or "")
+    if name in EMBEDDED_TARGETS:
+        return EMBEDDED_TARGETS[name][2]
+    source = Path(name) / "DRAFTSMITH_SOURCE.txt" if name else None
+    if source is not None and source.is_file():
+        gguf_name = Path(source.read_text().strip()).name
+        for _pkg, fname, hub_id in EMBEDDED_TARGETS.values():
+            if fname == gguf_name:
+                return hub_id
+    return None
+
+
 def read_json(path: Path, what: str) -> dict:
     if not path.is_file():
         raise DraftsmithError(f"{path} not found; {what}")

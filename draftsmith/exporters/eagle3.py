@@ -4,18 +4,18 @@ Both engines run the same math as draftsmith's head: fc(cat(aux states)) -> one 
 reads cat(input_layernorm(embed), hidden_norm(fc_out)) -> norm -> lm_head over the draft vocab, draft id i ->
 target id i + d2t[i]. What differs is naming and, dangerously, the meaning of the aux-layer ids.
 
-Aux-layer ids (checked in the engines' source, Nov 2026):
+Aux-layer ids (checked in the released sources: sglang 0.5.23 and vllm 0.33.0 wheels, Nov 2026):
 - draftsmith stores `aux_hidden_state_layer_ids` as *layer inputs*: id i = the residual stream entering decoder
   layer i = HF `output_hidden_states[i]` ("aux_layer_convention": "layer_input").
 - vLLM (model_executor/models/llama.py `LlamaModel.forward`) appends `hidden_states + residual` *before* running
-  layer idx when idx is in `aux_hidden_state_layers`, and gpu_model_runner / v1 spec_decode eagle3_utils pass the
-  draft config's `eagle_aux_hidden_state_layer_ids` straight in: vLLM ids are layer inputs, the same as ours.
-  The speculators library trains from vLLM-captured states with that convention.
-- SGLang (srt/models/llama.py `set_eagle3_layers_to_capture`) stores `val + 1` for each id from
+  layer idx when idx is in `aux_hidden_state_layers`; gpu_model_runner `_get_eagle3_aux_layers_from_config` takes
+  the draft config's top-level `eagle_aux_hidden_state_layer_ids`, else `eagle_config`'s, as-is: vLLM ids are
+  layer inputs, the same as ours. The speculators library trains from vLLM-captured states, same convention.
+- SGLang (srt/models/llama.py `set_eagle3_layers_to_capture`) stores `val + 1` for each id of
   `eagle_config.eagle_aux_hidden_state_layer_ids` ("for the ith layer, it takes the output of the (i-1)th layer")
-  and captures before layer val+1: SGLang ids are layer *outputs*, so we write i - 1.
-  Newer vLLM reads a top-level `eagle_aux_layer_semantics: "sglang"` and adds the +1 itself, so the SGLang folder
-  also carries the ids top-level with that tag; older vLLM would read them unshifted - use `speculators` for vLLM.
+  and captures at the start of layer val+1: SGLang ids are layer *outputs*, so eagle_config gets i - 1.
+  SGLang reads the top-level key only to count the aux states, so the SGLang folder also carries our ids
+  top-level, where vLLM looks first: one folder then loads correctly in both engines.
 - Both engines capture inside `for idx in range(num_layers)` with a `residual` that is None before layer 0, and
   concatenate in layer order: ids must be increasing and within [1, N-1].
 
@@ -36,6 +36,7 @@ from draftsmith.exporters.checkpoint import (
     check_tensor_set,
     expected_head_tensors,
     target_field,
+    target_hub_id,
 )
 
 LLAMA_KEYS = (
@@ -183,8 +184,8 @@ def sglang_eagle3(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
         "draft_vocab_size": int(tensors["d2t"].numel()),
         "target_hidden_size": ht,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": sglang_ids, "use_aux_hidden_state": True},
-        "eagle_aux_hidden_state_layer_ids": sglang_ids,
-        "eagle_aux_layer_semantics": "sglang",
+        "eagle_aux_hidden_state_layer_ids": ids,  # read first by vLLM (layer inputs); SGLang only counts them
+        "norm_before_residual": False,
         "torch_dtype": _dtype_name(tensors),
         "dtype": _dtype_name(tensors),
     }
@@ -197,7 +198,7 @@ def speculators_eagle3(ckpt: Checkpoint, speculative_tokens: int = 3) -> tuple[d
     """(config.json dict, tensors) in vLLM's speculators format (`vllm serve DIR` or speculative_config model=DIR)."""
     fields, ids, tensors = _common(ckpt)
     target = ckpt.config["target"]
-    verifier = target.get("hub_id") or target.get("name_or_path")
+    verifier = target_hub_id(target) or target.get("name_or_path")
     if not verifier:
         raise DraftsmithError(
             f"{ckpt.path}: the head's config names no target (target.hub_id / name_or_path); re-save it"

@@ -4,6 +4,9 @@ vLLM (model_executor/models/medusa.py) builds `blocks[h].layers[l]` = Linear(H, 
 as x + SiLU(layer(x)), and one `lm_heads[h]` [V, H] per head (unless `original_lm_head`), over the target's final
 (normed) hidden state; it proposes the top-1 token of each head. Our native names are already these.
 
+Version note: the vllm 0.33.0 wheel (Nov 2026) ships no Medusa model at all; this format is what earlier
+releases load (V1 `{"method": "medusa"}`, mid-2026), so serve it with such a release.
+
 Traps, from vllm/transformers_utils/configs/medusa.py: `medusa_fc_bias` defaults to False (our blocks have biases,
 which would be skipped silently), and `MedusaConfig.from_pretrained` renames *every* key containing "num" and
 "heads" to num_heads and "num" and "layers" to num_hidden_layers, so the config may hold no other such key.

@@ -1,0 +1,153 @@
+"""Benchmark draftsmith's decoder against transformers' own decoding, same process, same target and prompts.
+
+    python scripts/bench_peers.py --limit 6 --max-new-tokens 96            # embedded smollm2-135m, CPU
+    python scripts/bench_peers.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct --device cuda
+
+Methods (greedy, batch 1): transformers plain `generate`, `generate(assistant_model=draft)`,
+`generate(prompt_lookup_num_tokens=N)`, draftsmith plain / with the same draft / n-gram. Per prompt every method
+runs once, in an order rotated per prompt; the first prompt is a warm-up and excluded. Prints tokens/s, the
+ratios the issue asks for, and whether each greedy output equals transformers' plain greedy output.
+Without --draft, the draft is a shrunken copy of the target (embeddings, final norm, head and decoder layers
+0 and L-1), built in a temp dir: a weak but honest drafter that shares the tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import tempfile
+import time
+import warnings
+
+import torch
+
+from draftsmith import models
+from draftsmith.decode.decoder import SpeculativeDecoder
+from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
+from draftsmith.prompts import load_prompts, prompt_ids
+
+
+def shrunken_copy(target, keep_layers: list[int], out_dir: str, tokenizer) -> str:
+    """Save a copy of `target` keeping only `keep_layers` decoder layers (weights copied, not trained)."""
+    cfg = copy.deepcopy(target.config)
+    cfg.num_hidden_layers = len(keep_layers)
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = [cfg.layer_types[i] for i in keep_layers]
+    draft = type(target)(cfg).to(target.dtype)
+    sd = target.state_dict()
+    new = {}
+    for key in draft.state_dict():
+        src = key
+        if ".layers." in key:
+            pre, rest = key.split(".layers.", 1)
+            idx, tail = rest.split(".", 1)
+            src = f"{pre}.layers.{keep_layers[int(idx)]}.{tail}"
+        new[key] = sd[src]
+    draft.load_state_dict(new)
+    draft.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--draft", default=None, help="draft model (default: shrunken copy of the target)")
+    ap.add_argument("--prompts", default="builtin:dev-eval")
+    ap.add_argument("--limit", type=int, default=6, help="prompts (half vicuna, half humaneval for builtin:dev-eval)")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--k", type=int, default=4, help="draftsmith draft tokens per step (draft model)")
+    ap.add_argument("--ngram-k", type=int, default=None, help="draftsmith n-gram tokens per step (default: --pld-tokens)")
+    ap.add_argument("--ngram", default="3,1", help="draftsmith n-gram max,min")
+    ap.add_argument("--pld-tokens", type=int, default=10, help="transformers prompt_lookup_num_tokens (its doc default)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    dev = torch.device(args.device) if args.device else models.default_device()
+    tok = models.load_tokenizer(args.target)
+    target = models.load_model(args.target, dtype=args.dtype, device=dev)
+    tmp = None
+    if args.draft is None:
+        tmp = tempfile.TemporaryDirectory(prefix="draftsmith-bench-draft-")
+        n = target.config.num_hidden_layers
+        draft_spec = shrunken_copy(target, [0, n - 1], tmp.name, tok)
+        print(f"draft: shrunken copy of the target, layers [0, {n - 1}] (untrained)")
+    else:
+        draft_spec = args.draft
+    draft = models.load_model(draft_spec, dtype=args.dtype, device=dev)
+
+    if args.prompts == "builtin:dev-eval":  # balance chat and code prompts
+        half = max(args.limit // 2, 1)
+        prompts = load_prompts("builtin:vicuna", limit=half + 1) + load_prompts("builtin:humaneval", limit=args.limit - half)
+    else:
+        prompts = load_prompts(args.prompts, limit=args.limit + 1)
+    encoded = [torch.tensor([prompt_ids(tok, p)], device=dev) for p in prompts]
+
+    dec = SpeculativeDecoder(target, tok)
+    eos = sorted(dec.eos_ids)
+    mx = args.max_new_tokens
+    ngram_max, ngram_min = (int(x) for x in args.ngram.split(","))
+    ngram_k = args.ngram_k or args.pld_tokens
+    gen_kw = dict(max_new_tokens=mx, do_sample=False, eos_token_id=eos, pad_token_id=tok.pad_token_id)
+
+    def hf(**kw):
+        def run(ids):
+            with torch.inference_mode():
+                return target.generate(ids, attention_mask=torch.ones_like(ids), **gen_kw, **kw)[0, ids.shape[1] :].tolist()
+
+        return run
+
+    def ds(proposer, k):
+        return lambda ids: dec.generate(ids, proposer, k=k, max_new_tokens=mx).tokens
+
+    methods = {
+        "hf_plain": hf(),
+        "hf_assistant": hf(assistant_model=draft),
+        "hf_prompt_lookup": hf(prompt_lookup_num_tokens=args.pld_tokens),
+        "ds_plain": ds(None, 1),
+        "ds_draft": ds(DraftModelProposer(draft, target.config.vocab_size), args.k),
+        "ds_ngram": ds(NGramProposer(ngram_max, ngram_min), ngram_k),
+    }
+    names = list(methods)
+    tokens = dict.fromkeys(names, 0)
+    seconds = dict.fromkeys(names, 0.0)
+    same = dict.fromkeys(names, 0)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for i, ids in enumerate(encoded):
+        order = names[i % len(names) :] + names[: i % len(names)]  # rotate who runs first
+        outs = {}
+        for name in order:
+            sync()
+            t0 = time.perf_counter()
+            outs[name] = methods[name](ids)
+            sync()
+            if i > 0:  # prompt 0 is the warm-up
+                seconds[name] += time.perf_counter() - t0
+                tokens[name] += len(outs[name])
+        if i > 0:
+            for name in names:
+                same[name] += outs[name] == outs["hf_plain"]
+        print(f"prompt {i}{' (warm-up)' if i == 0 else ''}: {len(outs['hf_plain'])} tokens", flush=True)
+
+    tps = {n: tokens[n] / seconds[n] for n in names}
+    n_timed = len(encoded) - 1
+    print(f"\n{args.target} on {dev} ({torch.get_num_threads()} threads), {n_timed} prompts timed, greedy, "
+          f"max_new_tokens={mx}, draftsmith k={args.k} (draft) / {ngram_k} (ngram {ngram_max}..{ngram_min}), "
+          f"HF prompt_lookup_num_tokens={args.pld_tokens}")
+    print(f"{'method':18s} {'tok/s':>8s} {'vs hf_plain':>12s} {'== hf_plain greedy':>20s}")
+    for n in names:
+        print(f"{n:18s} {tps[n]:8.1f} {tps[n] / tps['hf_plain']:11.2f}x {same[n]:>14d}/{n_timed}")
+    print(f"\nds_ngram / hf_prompt_lookup = {tps['ds_ngram'] / tps['hf_prompt_lookup']:.2f}x   (target >= 1.0)")
+    print(f"ds_draft / hf_assistant     = {tps['ds_draft'] / tps['hf_assistant']:.2f}x   (target >= 1.3)")
+    print(f"ds_plain / hf_plain         = {tps['ds_plain'] / tps['hf_plain']:.2f}x")
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""`draftsmith eval` end to end on tiny folders, and its one-line errors (exit 2)."""
+
+import json
+
+import pytest
+
+from draftsmith.cli import main
+
+KEYS = {"tau", "alpha_per_position", "accept_length_hist", "tokens_per_s", "speedup", "target_forwards",
+        "draft_time_share", "lossless", "per_category", "conditions", "prompts"}
+COND = {"target", "drafter", "drafter_kind", "k", "tree", "temperature", "top_p", "top_k", "max_new_tokens", "prompts",
+        "n_prompts", "seed", "device", "dtype", "hardware", "torch_version", "draftsmith_version", "date"}
+
+
+def _prompts(tmp_path):
+    f = tmp_path / "p.jsonl"
+    rows = [{"prompt": "The quick brown fox jumps over the lazy dog. The quick", "category": "text"},
+            {"prompt": "def add(a, b):\n    return a + b\n\nprint(add(", "category": "code"},
+            {"prompt": "Write a short poem about the sea", "category": "text"}]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(f)
+
+
+@pytest.mark.parametrize("drafter", ["draft", "ngram:max=2,min=1"])
+def test_eval_end_to_end(tiny_dirs, tmp_path, capsys, drafter):
+    spec = f"draft:{tiny_dirs['draft']}" if drafter == "draft" else drafter
+    out = tmp_path / "ev"
+    rc = main(["eval", "--target", tiny_dirs["target"], "--drafter", spec, "--prompts", _prompts(tmp_path),
+               "--k", "3", "--max-new-tokens", "12", "--out", str(out), "--device", "cpu", "--no-progress"])
+    assert rc == 0
+    res = json.loads((out / "eval.json").read_text())
+    assert KEYS <= set(res) and COND <= set(res["conditions"])
+    assert res["lossless"] is True and len(res["alpha_per_position"]) == 3
+    assert set(res["per_category"]) == {"text", "code"} and res["per_category"]["text"]["n_prompts"] == 2
+    assert res["tau"] >= 1.0 and res["speedup"] > 0
+    assert sum(res["accept_length_hist"].values()) == sum(len(r["accepted"]) for r in res["prompts"])
+    assert (out / "eval.png").stat().st_size > 1000
+    md = (out / "report.md").read_text()
+    assert "bonus" in md and "| code |" in md
+    assert "tau" in capsys.readouterr().out
+
+
+def test_evaluate_library_with_loaded_models(tiny_target, tiny_tokenizer, tmp_path):
+    from draftsmith.decode.evaluate import evaluate
+    from draftsmith.prompts import Prompt
+
+    prompts = [Prompt([{"role": "user", "content": "hello there"}], category="a", id="0")]
+    res = evaluate(tiny_target, "ngram:", prompts, k=2, max_new_tokens=8, tokenizer=tiny_tokenizer, progress=False,
+                   temperature=0.7, seed=1)
+    assert res["lossless"] is None and res["conditions"]["temperature"] == 0.7 and res["prompts"][0]["new_tokens"] <= 8
+
+
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--drafter", "bogus:x"], "unknown drafter kind"),
+        (["--drafter", "draft:/nonexistent/dir"], "not found"),
+        (["--drafter", "draft"], "no kind"),
+        (["--drafter", "ngram:", "--k", "0"], "k must be"),
+        (["--drafter", "ngram:", "--temperature", "-1"], "temperature"),
+        (["--drafter", "ngram:max=x"], "ngram option"),
+    ],
+)
+def test_eval_bad_input_exit_2(tiny_dirs, tmp_path, capsys, args, msg):
+    rc = main(["eval", "--target", tiny_dirs["target"], "--prompts", _prompts(tmp_path), "--no-progress", *args])
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # earlier lines: library progress bars
+    assert rc == 2 and err.startswith("error: ") and msg in err
+
+
+def test_eval_tokenizer_mismatch(tiny_dirs, tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    bad = tmp_path / "bad_draft"
+    import shutil
+
+    shutil.copytree(tiny_dirs["draft"], bad)
+    tok = AutoTokenizer.from_pretrained(bad)
+    tok.add_tokens(["<extra_token>"])
+    tok.save_pretrained(bad)
+    rc = main(["eval", "--target", tiny_dirs["target"], "--drafter", f"draft:{bad}", "--prompts", _prompts(tmp_path),
+               "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and err.startswith("error: tokenizer mismatch")

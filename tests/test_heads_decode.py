@@ -1,0 +1,128 @@
+"""Head proposers in the speculative decoder: lossless greedy output with untrained heads, tree masks, the CLI."""
+
+import json
+
+import pytest
+import torch
+
+from draftsmith.decode.decoder import SpeculativeDecoder
+from draftsmith.decode.proposer import node_depths, tree_attention_mask
+from draftsmith.errors import DraftsmithError
+from draftsmith.heads import EagleHead, MedusaHeads, save_head
+from draftsmith.heads.io import ACCURACY_FILE
+from draftsmith.heads.proposers import EagleProposer, MedusaProposer
+from draftsmith.heads.trees import medusa_tree
+from draftsmith.sampling import SamplingParams
+
+AUX = [0, 1, 2]
+ACC = [[0.5, 0.2, 0.1], [0.3, 0.2, 0.1], [0.2, 0.1, 0.05]]
+
+
+def _proposers(target):
+    torch.manual_seed(0)
+    medusa = MedusaHeads.from_target(target, num_heads=3, num_layers=1)
+    with torch.no_grad():  # untrained but not the identity: heads disagree with the target
+        for blk in medusa.blocks:
+            blk.layers[0].weight.normal_(0, 0.5)
+    e3 = EagleHead.from_target(target, "eagle3", draft_vocab_ids=torch.arange(0, 384, 2), aux_layers=AUX).eval()
+    e1 = EagleHead.from_target(target, "eagle").eval()
+    return {
+        "medusa-tree": MedusaProposer(medusa, 2, medusa_tree(ACC, 10)),
+        "eagle3-chain": EagleProposer(e3, target, top_k=1, depth=4, total_tokens=4),
+        "eagle3-tree": EagleProposer(e3, target, top_k=4, depth=4, total_tokens=14),
+        "eagle1-tree": EagleProposer(e1, target, top_k=3, depth=3, total_tokens=9),
+    }
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_greedy_output_equals_target_greedy_with_untrained_heads(tiny_target, k):
+    dec = SpeculativeDecoder(tiny_target, eos_ids=set())
+    for seed in range(2):
+        ids = torch.randint(3, 300, (1, 8), generator=torch.Generator().manual_seed(seed))
+        plain = dec.generate(ids, None, max_new_tokens=30).tokens
+        hf = tiny_target.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None)[0, 8:].tolist()
+        assert plain == hf
+        for name, prop in _proposers(tiny_target).items():
+            res = dec.generate(ids, prop, k=k, max_new_tokens=30)
+            assert res.tokens == plain, name
+            assert all(a <= k for a in res.accepted)
+
+
+def test_sampling_with_head_trees_runs(tiny_target):
+    dec = SpeculativeDecoder(tiny_target, eos_ids=set())
+    ids = torch.randint(3, 300, (1, 8))
+    for prop in _proposers(tiny_target).values():
+        res = dec.generate(ids, prop, k=3, max_new_tokens=12, params=SamplingParams(temperature=0.8), seed=1)
+        assert len(res.tokens) == 12
+
+
+def test_eagle_tree_mask_equals_per_path_recompute(tiny_target):
+    """The decoder verifies an EAGLE-2 tree in one forward; each node's logits must equal a plain forward over
+    prefix + its root-to-node path."""
+    prop = _proposers(tiny_target)["eagle3-tree"]
+    ids = torch.randint(3, 300, (1, 10))
+    with torch.no_grad():
+        hs = tiny_target(ids, output_hidden_states=True).hidden_states
+        prop.begin(ids, tuple(hs[i][:, :-1] for i in AUX))
+        p = prop.propose(4, SamplingParams())
+        assert not p.is_chain and len(set(p.parents)) > 1
+        prefix, root = ids[:, :-1], ids[:, -1:]
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=tiny_target.config)
+        tiny_target(prefix, cache=cache, use_cache=True)
+        depths = torch.tensor([0, *node_depths(p.parents)])
+        block = torch.cat([root, p.tokens], 1)
+        mask = tree_attention_mask(p.parents, prefix.shape[1], torch.float32, "cpu")
+        tree_logits = tiny_target(block, cache=cache, use_cache=True, attention_mask=mask,
+                                  position_ids=(prefix.shape[1] + depths)[None]).logits
+        for i in range(p.num_nodes):
+            path, j = [], i
+            while j >= 0:
+                path.append(int(p.tokens[0, j]))
+                j = p.parents[j]
+            full = torch.cat([ids, torch.tensor([path[::-1]])], 1)
+            ref = tiny_target(full).logits[0, -1]
+            torch.testing.assert_close(tree_logits[0, 1 + i], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_eval_cli_with_head_drafters(tiny_dirs, tmp_path, capsys):
+    from draftsmith.cli import main
+    from draftsmith.models import load_model
+
+    target = load_model(tiny_dirs["target"], device="cpu")
+    e3 = EagleHead.from_target(target, "eagle3", draft_vocab_ids=torch.arange(0, 384, 3), aux_layers=AUX)
+    save_head(e3, tmp_path / "e3")
+    medusa = MedusaHeads.from_target(target, 3, 1)
+    save_head(medusa, tmp_path / "m", extra_json={ACCURACY_FILE: {"rank_accuracy": ACC}})
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"say {w}", "category": "x"}) for w in ("hi", "sea")) + "\n")
+    for spec in (f"eagle:{tmp_path / 'e3'},top_k=3,depth=3,total_tokens=8", f"medusa:{tmp_path / 'm'}"):
+        out = tmp_path / spec.split(":")[0]
+        rc = main(["eval", "--target", tiny_dirs["target"], "--drafter", spec, "--prompts", str(prompts),
+                   "--max-new-tokens", "16", "--k", "3", "--out", str(out), "--no-progress", "--device", "cpu"])
+        assert rc == 0
+        res = json.loads((out / "eval.json").read_text())
+        assert res["lossless"] is True and res["tau"] >= 1.0
+    capsys.readouterr()
+    # a head trained for another target is refused with one line
+    other = tmp_path / "other"
+    from draftsmith.testing import save_tiny
+
+    save_tiny(other, seed=7)
+    assert main(["eval", "--target", str(other), "--drafter", f"eagle:{tmp_path / 'e3'}", "--prompts", str(prompts),
+                 "--no-progress", "--device", "cpu"]) == 2
+    assert "weights differ" in capsys.readouterr().err
+
+
+def test_bad_head_specs(tiny_target, tmp_path):
+    from draftsmith.decode.drafters import DrafterContext, build_proposer
+
+    ctx = DrafterContext(tiny_target, None, torch.device("cpu"))
+    with pytest.raises(DraftsmithError, match="not found"):
+        build_proposer(f"eagle:{tmp_path / 'missing'}", ctx)
+    save_head(MedusaHeads.from_target(tiny_target, 2, 1), tmp_path / "m")
+    with pytest.raises(DraftsmithError, match="use medusa"):
+        build_proposer(f"eagle:{tmp_path / 'm'}", ctx)
+    with pytest.raises(DraftsmithError, match="bad eagle option"):
+        build_proposer(f"eagle:{tmp_path / 'm'},width=3", ctx)
