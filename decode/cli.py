@@ -1,7 +1,7 @@
 """`draftsmith eval`: measure a drafter (acceptance per position, tau with bonus, speedup over plain decoding).
 
-    draftsmith eval --target smollm2-135m --drafter draft:runs/distill/final --prompts builtin:dev-eval --limit 20 --out runs/eval
-    draftsmith eval --target smollm2-135m --drafter ngram:max=3,min=1 --prompts builtin:humaneval --limit 20
+draftsmith eval --target smollm2-135m --drafter draft:runs/distill/final --prompts builtin:dev-eval --limit 20 --out runs/eval
+draftsmith eval --target smollm2-135m --drafter ngram:max=3,min=1 --prompts builtin:humaneval --limit 20
 """
 
 from __future__ import annotations
@@ -11,8 +11,16 @@ import argparse
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="target: Hub id, folder, .gguf or smollm2-135m")
-    p.add_argument("--drafter", required=True, help="kind:arg, e.g. draft:DIR, ngram: or ngram:max=4,min=1, medusa:DIR, eagle:DIR")
-    p.add_argument("--prompts", default="builtin:dev-eval", help="file, hf:dataset:split or builtin:{dev-eval,vicuna,humaneval}")
+    p.add_argument(
+        "--drafter",
+        required=True,
+        help="kind:arg, e.g. draft:DIR, ngram: or ngram:max=4,min=1, medusa:DIR, eagle:DIR",
+    )
+    p.add_argument(
+        "--prompts",
+        default="builtin:dev-eval",
+        help="file, hf:dataset:split or builtin:{dev-eval,vicuna,humaneval}",
+    )
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (tree depth for tree drafters)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check on)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -23,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write eval.json, report.md, eval.png here")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="bf16, fp16, fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument(
+        "--compile", action="store_true", help="CUDA: StaticCache + torch.compile of the target step"
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -31,9 +42,21 @@ def run(args: argparse.Namespace) -> int:
     from .report import summary_table
 
     result = evaluate(
-        args.target, args.drafter, args.prompts, k=args.k, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, max_new_tokens=args.max_new_tokens, limit=args.limit, seed=args.seed, out_dir=args.out,
-        device=args.device, dtype=args.dtype, progress=not args.no_progress,
+        args.target,
+        args.drafter,
+        args.prompts,
+        k=args.k,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_new_tokens=args.max_new_tokens,
+        limit=args.limit,
+        seed=args.seed,
+        out_dir=args.out,
+        device=args.device,
+        dtype=args.dtype,
+        progress=not args.no_progress,
+        compile=args.compile,
     )
     tps = result["tokens_per_s"]
     print(summary_table(result))

@@ -56,8 +56,24 @@ def eos_ids_for(model, tokenizer=None) -> set[int]:
 class SpeculativeDecoder:
     """Wraps a HF causal LM target. `generate(ids, proposer)`; proposer None = plain decoding."""
 
-    def __init__(self, target, tokenizer=None, *, eos_ids: set[int] | None = None, stop_strings=()):
+    def __init__(
+        self,
+        target,
+        tokenizer=None,
+        *,
+        eos_ids: set[int] | None = None,
+        stop_strings=(),
+        compile: bool = False,
+        static_cache: bool = False,
+    ):
         self.target = target
+        # --compile (CUDA path, untested in CI: no GPU there): a StaticCache (buffers allocated once, rollback =
+        # moving its length, HF StaticLayer.crop) plus torch.compile of the target forward, gpt-fast style.
+        # The CPU default stays plain DynamicCache + eager; static_cache alone (no compile) is tested on CPU.
+        self.static = compile or static_cache
+        self._forward_fn = (
+            torch.compile(target.forward, mode="reduce-overhead", dynamic=False) if compile else target
+        )
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids if eos_ids is not None else eos_ids_for(target, tokenizer)
         self.stop_strings = tuple(stop_strings)
@@ -69,13 +85,15 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
 
-    def _new_cache(self):
-        from transformers import DynamicCache
+    def _new_cache(self, max_len: int):
+        from transformers import DynamicCache, StaticCache
 
+        if self.static:
+            return StaticCache(config=self.target.config, max_cache_len=max_len)
         return DynamicCache(config=self.target.config)
 
     def _forward(self, ids, cache, layers, **kw):
-        out = self.target(ids, cache=cache, use_cache=True, output_hidden_states=bool(layers), **kw)
+        out = self._forward_fn(ids, cache=cache, use_cache=True, output_hidden_states=bool(layers), **kw)
         hidden = tuple(out.hidden_states[i] for i in layers) if layers else None
         return out.logits, hidden
 
@@ -86,15 +104,18 @@ class SpeculativeDecoder:
         proposer: Proposer | None = None,
         *,
         k: int = 4,
-        params: SamplingParams = SamplingParams(),
+        params: SamplingParams | None = None,
         max_new_tokens: int = 128,
         seed: int = 0,
     ) -> GenerationResult:
         """input_ids: [1, T] prompt ids. Returns the generated ids and per-step acceptance statistics."""
+        params = params if params is not None else SamplingParams()  # greedy
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         if input_ids.shape[0] != 1:
-            raise DraftsmithError(f"batch size {input_ids.shape[0]} is not supported yet; decode one prompt at a time")
+            raise DraftsmithError(
+                f"batch size {input_ids.shape[0]} is not supported yet; decode one prompt at a time"
+            )
         if k < 1:
             raise DraftsmithError(f"k must be >= 1 (draft tokens per step), got {k}")
         T = input_ids.shape[1]
@@ -112,7 +133,10 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
 
         # prefill: the first token comes from the target alone (one forward, as in plain decoding)
-        cache = self._new_cache()
+        # a tree block briefly occupies 1 + N cache rows before compaction (static buffers must hold them)
+        max_len = T + max_new_tokens + 1 + max(k, int(getattr(proposer, "max_nodes", 0) or 0))
+        cache = self._new_cache(max_len)
+        cached = T  # tokens in the target cache (tracked on the host: no device sync)
         logits, hidden = self._forward(input_ids, cache, layers, logits_to_keep=1)
         res.target_forwards = 1
         last = self._pick(logits[:, -1], params, verify_gen)  # [1]
@@ -134,24 +158,42 @@ class SpeculativeDecoder:
                 res.time_draft += time.perf_counter() - td
             else:
                 proposal = Proposal.empty(1, self.device)
-            prefix = cache.get_seq_length()
+            prefix = cached
+            node_depth = node_depths(proposal.parents)
+            depth = max(node_depth, default=0)
+            if depth > kk:
+                raise DraftsmithError(
+                    f"proposer {proposer.name!r} drafted depth {depth} > k={kk}; proposers must honour k"
+                )
             block = torch.cat([last[:, None], proposal.tokens.to(self.device)], 1)  # [1, 1 + N]
             kw = {}
             if not proposal.is_chain:  # chains use the model's own causal mask
-                depths = torch.tensor([0, *node_depths(proposal.parents)], device=self.device)
+                depths = torch.tensor([0, *node_depth], device=self.device)
                 kw["position_ids"] = (prefix + depths)[None]
-                kw["attention_mask"] = tree_attention_mask(proposal.parents, prefix, self.target.dtype, self.device)
+                kw["attention_mask"] = tree_attention_mask(
+                    proposal.parents,
+                    prefix,
+                    self.target.dtype,
+                    self.device,
+                    kv_len=max_len if self.static else None,
+                )
             logits, hidden = self._forward(block, cache, layers, **kw)
             res.target_forwards += 1
             path, last = verify(logits, proposal, params, verify_gen)
             a = len(path)
             if proposal.is_chain:
-                crop_to(cache, prefix + 1 + a)
+                crop_to(cache, prefix + 1 + a, current=prefix + 1 + proposal.num_nodes)
             else:
-                compact_cache(cache, prefix + 1, torch.tensor(path, device=self.device, dtype=torch.long))
+                compact_cache(
+                    cache,
+                    prefix + 1,
+                    torch.tensor(path, device=self.device, dtype=torch.long),
+                    current=prefix + 1 + proposal.num_nodes,
+                )
+            cached = prefix + 1 + a
             new = torch.cat([proposal.tokens[:, path].to(self.device), last[:, None]], 1)  # [1, a + 1]
             res.accepted.append(a)
-            res.proposed.append(max(node_depths(proposal.parents), default=0))
+            res.proposed.append(depth)
             res.tokens.extend(new[0].tolist())
             done = self._finished(res, a + 1, max_new_tokens)
             if proposer is not None and not done:

@@ -52,7 +52,9 @@ def parse_kv(arg: str, allowed: dict[str, type], kind: str) -> dict[str, Any]:
         try:
             out[key] = allowed[key](val)
         except ValueError:
-            raise DraftsmithError(f"{kind} option {key} must be {allowed[key].__name__}, got {val!r}") from None
+            raise DraftsmithError(
+                f"{kind} option {key} must be {allowed[key].__name__}, got {val!r}"
+            ) from None
     return out
 
 
@@ -88,13 +90,19 @@ def build_draft(arg: str, ctx: DrafterContext) -> Proposer:
 
 
 DRAFTERS: dict[str, Builder] = {"draft": build_draft, "ngram": build_ngram}
-LAZY_KINDS = {"medusa": "draftsmith.heads.proposers", "eagle": "draftsmith.heads.proposers", "eagle3": "draftsmith.heads.proposers"}
+LAZY_KINDS = {
+    "medusa": "draftsmith.heads.proposers",
+    "eagle": "draftsmith.heads.proposers",
+    "eagle3": "draftsmith.heads.proposers",
+}
 
 
 def split_spec(spec: str) -> tuple[str, str]:
     kind, sep, arg = spec.partition(":")
     if not sep:
-        raise DraftsmithError(f"drafter {spec!r} has no kind; use one of {kinds()} as kind:arg, e.g. draft:path/to/dir")
+        raise DraftsmithError(
+            f"drafter {spec!r} has no kind; use one of {kinds()} as kind:arg, e.g. draft:path/to/dir"
+        )
     return kind, arg
 
 
@@ -102,7 +110,9 @@ def validate_spec(spec: str) -> tuple[str, str]:
     """Cheap checks before anything loads: known kind, and a model path where the kind needs one."""
     kind, arg = split_spec(spec)
     if kind not in DRAFTERS and kind not in LAZY_KINDS:
-        raise DraftsmithError(f"unknown drafter kind {kind!r}; use one of {kinds()} (e.g. draft:DIR or ngram:)")
+        raise DraftsmithError(
+            f"unknown drafter kind {kind!r}; use one of {kinds()} (e.g. draft:DIR or ngram:)"
+        )
     if kind in ("draft", *LAZY_KINDS) and not arg:
         raise DraftsmithError(f"drafter '{kind}:' needs a checkpoint: {kind}:<folder|hub id>")
     if kind == "ngram":
@@ -121,7 +131,11 @@ def build_proposer(spec: str, ctx: DrafterContext) -> Proposer:
         try:
             importlib.import_module(LAZY_KINDS[kind])  # registers its kinds in DRAFTERS
         except ImportError as e:
-            raise DraftsmithError(f"drafter kind {kind!r} needs {LAZY_KINDS[kind]}, which failed to import ({e})") from None
+            raise DraftsmithError(
+                f"drafter kind {kind!r} needs {LAZY_KINDS[kind]}, which failed to import ({e})"
+            ) from None
     if kind not in DRAFTERS:
-        raise DraftsmithError(f"unknown drafter kind {kind!r}; use one of {kinds()} (e.g. draft:DIR or ngram:)")
+        raise DraftsmithError(
+            f"unknown drafter kind {kind!r}; use one of {kinds()} (e.g. draft:DIR or ngram:)"
+        )
     return DRAFTERS[kind](arg, ctx)

@@ -53,11 +53,13 @@ def evaluate(
     progress: bool = True,
     target_model=None,
     tokenizer=None,
+    compile: bool = False,
 ) -> dict:
     """Run plain and speculative decoding on every prompt; return the eval.json dict (COMMON.md contract 3).
 
     `target` is a model spec (Hub id, folder, .gguf, smollm2-135m) or a loaded model; pass `target_model` /
     `tokenizer` to reuse loaded objects. Writes eval.json, report.md and eval.png into `out_dir` if given.
+    `compile`: StaticCache + torch.compile of the target forward (CUDA; see SpeculativeDecoder).
     """
     if k < 1:
         raise DraftsmithError(f"k must be >= 1 (draft tokens per step), got {k}")
@@ -70,8 +72,10 @@ def evaluate(
     target_spec = target
     if tokenizer is None:
         tokenizer = models.load_tokenizer(target_spec)
-    dev = torch.device(device) if device is not None else (
-        next(target_model.parameters()).device if target_model is not None else models.default_device()
+    dev = (
+        torch.device(device)
+        if device is not None
+        else (next(target_model.parameters()).device if target_model is not None else models.default_device())
     )
     if isinstance(prompts, str):
         source = prompts
@@ -87,9 +91,11 @@ def evaluate(
 
             check_compatible(target_spec, drafter_arg)
         target_model = models.load_model(target_spec, dtype=dtype, device=dev)
-    ctx = DrafterContext(target=target_model, tokenizer=tokenizer, device=dev, dtype=dtype, target_spec=target_spec)
+    ctx = DrafterContext(
+        target=target_model, tokenizer=tokenizer, device=dev, dtype=dtype, target_spec=target_spec
+    )
     proposer = build_proposer(drafter, ctx)
-    decoder = SpeculativeDecoder(target_model, tokenizer)
+    decoder = SpeculativeDecoder(target_model, tokenizer, compile=compile)
     limit_len = (decoder.max_positions - max_new_tokens - k - 1) if decoder.max_positions else None
     encoded = [torch.tensor([prompt_ids(tokenizer, p, max_length=limit_len)]) for p in prompts]
 
@@ -102,22 +108,32 @@ def evaluate(
     from tqdm.auto import tqdm
 
     for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded)), desc="eval", disable=not progress)):
-        run_plain = lambda: decoder.generate(ids, None, k=k, params=params, max_new_tokens=max_new_tokens, seed=seed + i)  # noqa: E731
-        run_spec = lambda: decoder.generate(ids, proposer, k=k, params=params, max_new_tokens=max_new_tokens, seed=seed + i)  # noqa: E731
-        if i % 2 == 0:
-            plain, spec = run_plain(), run_spec()
+        gen_kw = dict(k=k, params=params, max_new_tokens=max_new_tokens, seed=seed + i)
+        if i % 2 == 0:  # alternate which runs first
+            plain = decoder.generate(ids, None, **gen_kw)
+            spec = decoder.generate(ids, proposer, **gen_kw)
         else:
-            spec, plain = run_spec(), run_plain()
+            spec = decoder.generate(ids, proposer, **gen_kw)
+            plain = decoder.generate(ids, None, **gen_kw)
         spec_res.append(spec)
         plain_res.append(plain)
-        rows.append({
-            "id": prompt.id, "category": prompt.category, "prompt_tokens": ids.shape[1],
-            "new_tokens": len(spec.tokens), "new_tokens_plain": len(plain.tokens), "tau": spec.tau,
-            "accepted": spec.accepted, "time_s": spec.time_total, "time_plain_s": plain.time_total,
-            "draft_time_s": spec.time_draft, "target_forwards": spec.target_forwards,
-            "identical": spec.tokens == plain.tokens if params.greedy else None,
-            "stop_reason": spec.stop_reason,
-        })
+        rows.append(
+            {
+                "id": prompt.id,
+                "category": prompt.category,
+                "prompt_tokens": ids.shape[1],
+                "new_tokens": len(spec.tokens),
+                "new_tokens_plain": len(plain.tokens),
+                "tau": spec.tau,
+                "accepted": spec.accepted,
+                "time_s": spec.time_total,
+                "time_plain_s": plain.time_total,
+                "draft_time_s": spec.time_draft,
+                "target_forwards": spec.target_forwards,
+                "identical": spec.tokens == plain.tokens if params.greedy else None,
+                "stop_reason": spec.stop_reason,
+            }
+        )
 
     result = summarize(spec_res, plain_res, k)
     result["lossless"] = all(r["identical"] for r in rows) if params.greedy else None
@@ -127,15 +143,29 @@ def evaluate(
     result["per_category"] = {}
     for cat, idx in sorted(by_cat.items()):
         s = summarize([spec_res[i] for i in idx], [plain_res[i] for i in idx], k)
-        result["per_category"][cat] = {key: s[key] for key in ("tau", "speedup", "alpha_per_position", "n_prompts")}
+        result["per_category"][cat] = {
+            key: s[key] for key in ("tau", "speedup", "alpha_per_position", "n_prompts")
+        }
     desc = models.describe(target_spec) if _is_spec(target_spec) else {"name": str(target_spec)}
     result["conditions"] = {
-        "target": desc.get("hub_id") or desc.get("name"), "drafter": drafter, "drafter_kind": kind, "k": k,
-        "tree": False if getattr(proposer, "tree", None) is None else proposer.tree,
-        "temperature": temperature, "top_p": top_p, "top_k": top_k, "max_new_tokens": max_new_tokens,
-        "prompts": source, "n_prompts": len(prompts), "seed": seed, "device": str(dev),
-        "dtype": str(target_model.dtype).replace("torch.", ""), "hardware": _hardware(dev),
-        "torch_version": torch.__version__, "draftsmith_version": draftsmith.__version__,
+        "target": desc.get("hub_id") or desc.get("name"),
+        "drafter": drafter,
+        "drafter_kind": kind,
+        "k": k,
+        "tree": getattr(proposer, "tree", None) or False,  # tree proposers describe their tree here
+        "compile": compile,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "max_new_tokens": max_new_tokens,
+        "prompts": source,
+        "n_prompts": len(prompts),
+        "seed": seed,
+        "device": str(dev),
+        "dtype": str(target_model.dtype).replace("torch.", ""),
+        "hardware": _hardware(dev),
+        "torch_version": torch.__version__,
+        "draftsmith_version": draftsmith.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "tau_convention": "tau = tokens per target verify forward, bonus/correction token included",
         "warmup": "first prompt decoded once (16 tokens, plain and speculative) before timing; excluded",

@@ -62,11 +62,14 @@ class Proposal:
 
 @runtime_checkable
 class Proposer(Protocol):
-    """A drafter. One instance per generation (it may keep a KV cache and the committed sequence)."""
+    """A drafter. Reused across prompts: `begin()` resets all per-sequence state (KV cache, committed tokens).
+    Proposals must be at most k deep (the decoder raises otherwise)."""
 
     name: str
     # HF output_hidden_states indices the proposer needs (empty = none); see the module docstring.
     hidden_state_layers: tuple[int, ...]
+    # Optional attribute `max_nodes: int`: the most nodes one Proposal may hold (sizes static caches; default k).
+    # Optional attribute `tree`: a short description of the tree shape, copied into eval.json conditions.
 
     def begin(self, tokens: torch.Tensor, hidden: tuple[torch.Tensor, ...] | None) -> None:
         """Start a sequence. tokens: [B, L] prompt + first generated token; hidden: per layer [B, L-1, H]
@@ -96,9 +99,15 @@ def node_depths(parents: list[int]) -> list[int]:
 
 
 def tree_attention_mask(
-    parents: list[int], prefix_len: int, dtype: torch.dtype, device: torch.device | str, batch: int = 1
+    parents: list[int],
+    prefix_len: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    batch: int = 1,
+    kv_len: int | None = None,
 ) -> torch.Tensor:
-    """Additive mask [B, 1, 1 + N, prefix_len + 1 + N] for the verify block [root, node_1..node_N].
+    """Additive mask [B, 1, 1 + N, kv_len] for the verify block [root, node_1..node_N] (kv_len defaults to
+    prefix_len + 1 + N; a static cache passes its full length, columns past the block stay masked).
 
     Every row sees the whole committed prefix; inside the block a row sees its ancestors and itself
     (SpecInfer/Medusa tree attention). 0 = attend, finfo.min = masked; HF passes a 4D mask through as-is.
@@ -110,6 +119,8 @@ def tree_attention_mask(
         if p >= 0:
             allowed[i + 1] |= allowed[p + 1]
     block = torch.zeros(n, n, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-    mask = torch.zeros(batch, 1, n, prefix_len + n, dtype=dtype)
-    mask[:, 0, :, prefix_len:] = block
+    kv_len = prefix_len + n if kv_len is None else kv_len
+    mask = torch.full((batch, 1, n, kv_len), torch.finfo(dtype).min, dtype=dtype)
+    mask[:, 0, :, :prefix_len] = 0.0
+    mask[:, 0, :, prefix_len : prefix_len + n] = block
     return mask.to(device)

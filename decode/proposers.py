@@ -33,7 +33,11 @@ class DraftModelProposer:
         lm_w = model.get_output_embeddings().weight
         # rows the draft may emit: the kept vocabulary, or every row the target also has
         self.head_weight = lm_w[self.vocab_ids] if self.vocab_ids is not None else None
-        self.out_size = self.vocab_ids.numel() if self.vocab_ids is not None else min(lm_w.shape[0], self.target_vocab_size)
+        self.out_size = (
+            self.vocab_ids.numel()
+            if self.vocab_ids is not None
+            else min(lm_w.shape[0], self.target_vocab_size)
+        )
 
     def begin(self, tokens: torch.Tensor, hidden=None) -> None:
         from transformers import DynamicCache
@@ -47,13 +51,17 @@ class DraftModelProposer:
         if self.head_weight is not None:
             h = self.decoder(ids, cache=self.cache, use_cache=True).last_hidden_state[:, -1]
             return F.linear(h, self.head_weight)
-        return self.model(ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1, : self.out_size]
+        return self.model(ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits[
+            :, -1, : self.out_size
+        ]
 
     def _to_target(self, idx: torch.Tensor) -> torch.Tensor:
         return idx if self.vocab_ids is None else self.vocab_ids[idx]
 
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None = None) -> Proposal:
-        ids = self.seq[:, self.n_cached :]  # committed tokens the draft has not seen (1, or 2 after a full accept)
+        ids = self.seq[
+            :, self.n_cached :
+        ]  # committed tokens the draft has not seen (1, or 2 after a full accept)
         tokens, probs = [], []
         for i in range(k):
             logits = self._last_logits(ids)
@@ -95,12 +103,16 @@ class NGramProposer:
         if not 1 <= min_n <= max_n:
             from draftsmith.errors import DraftsmithError
 
-            raise DraftsmithError(f"ngram needs 1 <= min <= max, got min={min_n} max={max_n}; e.g. ngram:max=3,min=1")
+            raise DraftsmithError(
+                f"ngram needs 1 <= min <= max, got min={min_n} max={max_n}; e.g. ngram:max=3,min=1"
+            )
         self.max_n, self.min_n = max_n, min_n
 
     def begin(self, tokens: torch.Tensor, hidden=None) -> None:
         self.device = tokens.device
-        self.buf = tokens[0].detach().to("cpu", torch.long).clone()  # lookup runs on the host: tiny integer work
+        self.buf = (
+            tokens[0].detach().to("cpu", torch.long).clone()
+        )  # lookup runs on the host: tiny integer work
         self.len = self.buf.numel()
 
     def propose(self, k: int, params: SamplingParams | None = None, generator=None) -> Proposal:

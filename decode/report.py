@@ -21,36 +21,44 @@ def summary_table(result: dict) -> str:
     rows = [("all", {**result, "n_prompts": c["n_prompts"]})] + list(result["per_category"].items())
     for name, r in rows:
         alphas = " ".join(_fmt(a, 2) for a in r["alpha_per_position"])
-        lines.append(f"| {name} | {r['n_prompts']} | {_fmt(r['tau'], 2)} | {_fmt(r['speedup'], 2)}x | {alphas} |")
+        lines.append(
+            f"| {name} | {r['n_prompts']} | {_fmt(r['tau'], 2)} | {_fmt(r['speedup'], 2)}x | {alphas} |"
+        )
     return "\n".join(lines)
 
 
 def render_markdown(result: dict) -> str:
     c = result["conditions"]
     tps = result["tokens_per_s"]
-    lossless = {True: "yes (greedy outputs identical to plain decoding)", False: "NO: outputs differ from plain decoding",
-                None: "not checked (sampling)"}[result["lossless"]]
-    return "\n".join([
-        f"# draftsmith eval: {c['drafter']} on {c['target']}",
-        "",
-        f"- k = {c['k']}, temperature {c['temperature']}, top_p {c['top_p']}, top_k {c['top_k']}, "
-        f"max_new_tokens {c['max_new_tokens']}, prompts `{c['prompts']}` ({c['n_prompts']}), seed {c['seed']}",
-        f"- {c['device']} / {c['dtype']} / {c['hardware']}; torch {c['torch_version']}, draftsmith {c['draftsmith_version']}, {c['date']}",
-        "- **tau counts the bonus/correction token** (tokens committed per target verify forward; EAGLE's convention, "
-        "gpt-fast's 'mean accepted' is tau - 1).",
-        f"- speedup = speculative / plain tokens per second, both measured in this run, prompt by prompt, "
-        f"alternating order; warm-up excluded. Plain {_fmt(tps['plain'], 1)} tok/s, speculative {_fmt(tps['speculative'], 1)} tok/s.",
-        f"- target forwards: {result['target_forwards']} speculative vs {result['target_forwards_plain']} plain; "
-        f"drafting took {100 * result['draft_time_share']:.1f}% of speculative time.",
-        f"- lossless: {lossless}",
-        "",
-        summary_table(result),
-        "",
-        "Accepted draft tokens per step: " + ", ".join(f"{n}: {v}" for n, v in result["accept_length_hist"].items()),
-        "",
-        "![eval](eval.png)",
-        "",
-    ])
+    lossless = {
+        True: "yes (greedy outputs identical to plain decoding)",
+        False: "NO: outputs differ from plain decoding",
+        None: "not checked (sampling)",
+    }[result["lossless"]]
+    return "\n".join(
+        [
+            f"# draftsmith eval: {c['drafter']} on {c['target']}",
+            "",
+            f"- k = {c['k']}, temperature {c['temperature']}, top_p {c['top_p']}, top_k {c['top_k']}, "
+            f"max_new_tokens {c['max_new_tokens']}, prompts `{c['prompts']}` ({c['n_prompts']}), seed {c['seed']}",
+            f"- {c['device']} / {c['dtype']} / {c['hardware']}; torch {c['torch_version']}, draftsmith {c['draftsmith_version']}, {c['date']}",
+            "- **tau counts the bonus/correction token** (tokens committed per target verify forward; EAGLE's convention, "
+            "gpt-fast's 'mean accepted' is tau - 1).",
+            f"- speedup = speculative / plain tokens per second, both measured in this run, prompt by prompt, "
+            f"alternating order; warm-up excluded. Plain {_fmt(tps['plain'], 1)} tok/s, speculative {_fmt(tps['speculative'], 1)} tok/s.",
+            f"- target forwards: {result['target_forwards']} speculative vs {result['target_forwards_plain']} plain; "
+            f"drafting took {100 * result['draft_time_share']:.1f}% of speculative time.",
+            f"- lossless: {lossless}",
+            "",
+            summary_table(result),
+            "",
+            "Accepted draft tokens per step: "
+            + ", ".join(f"{n}: {v}" for n, v in result["accept_length_hist"].items()),
+            "",
+            "![eval](eval.png)",
+            "",
+        ]
+    )
 
 
 def plot(result: dict, path: str | Path) -> None:
@@ -63,11 +71,19 @@ def plot(result: dict, path: str | Path) -> None:
     alphas = result["alpha_per_position"]
     xs = list(range(1, len(alphas) + 1))
     ax1.bar(xs, [a or 0.0 for a in alphas], color="tab:blue")
-    ax1.set(xlabel="draft position", ylabel="conditional acceptance", ylim=(0, 1), xticks=xs,
-            title=f"acceptance by position (tau={result['tau']:.2f}, bonus incl.)")
+    ax1.set(
+        xlabel="draft position",
+        ylabel="conditional acceptance",
+        ylim=(0, 1),
+        xticks=xs,
+        title=f"acceptance by position (tau={result['tau']:.2f}, bonus incl.)",
+    )
     cats = list(result["per_category"])
-    ax2.bar(["all", *cats], [result["speedup"] or 0.0] + [result["per_category"][c]["speedup"] or 0.0 for c in cats],
-            color="tab:green")
+    ax2.bar(
+        ["all", *cats],
+        [result["speedup"] or 0.0] + [result["per_category"][c]["speedup"] or 0.0 for c in cats],
+        color="tab:green",
+    )
     ax2.axhline(1.0, color="gray", lw=1, ls="--")
     ax2.set(ylabel="speedup vs plain (same run)", title="wall-clock speedup")
     ax2.tick_params(axis="x", labelrotation=30)

@@ -77,6 +77,7 @@ def generate_dataset(
     shard_size: int = 128,
     limit: int | None = None,
     skip_long: bool = False,
+    max_prompt_tokens: int | None = None,
     seed: int = 0,
     device: str | None = None,
     dtype: str | None = None,
@@ -114,10 +115,12 @@ def generate_dataset(
         "top_p": top_p,
         "top_k": top_k,
         "seed": seed,
+        "max_prompt_tokens": max_prompt_tokens,
     }
     manifest = _read_manifest(out)
-    if manifest is not None and manifest["settings"] != settings:
-        diff = next(k for k in settings if manifest["settings"].get(k) != settings[k])
+    differs = [k for k in settings if manifest is not None and manifest["settings"].get(k) != settings[k]]
+    if differs:  # (a key missing from an older manifest reads as None, the default)
+        diff = differs[0]
         raise DraftsmithError(
             f"{out} holds data generated with other settings ({diff}: {manifest['settings'].get(diff)!r} vs "
             f"{settings[diff]!r}); use another --out"
@@ -144,6 +147,8 @@ def generate_dataset(
             if skip_long:
                 continue
             raise
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            continue
         todo.append((key, p, ids))
     manifest = manifest or {
         "format": FORMAT,
@@ -164,6 +169,7 @@ def generate_dataset(
     dev = next(model.parameters()).device
     buffer: list[dict] = []
     bar = tqdm(total=len(todo), desc="generate", unit="prompt", disable=not progress)
+    streamer = _TokenCounter(bar, eos)
     n_tokens, t0 = 0, time.perf_counter()
     for b in range(0, len(todo), batch_size):
         chunk = todo[b : b + batch_size]
@@ -184,6 +190,7 @@ def generate_dataset(
                 max_new_tokens=max_new_tokens,
                 eos_token_id=eos,
                 pad_token_id=pad,
+                streamer=streamer if progress else None,
                 **kw,
             )
         for r, (key, p, ids) in enumerate(chunk):
@@ -198,7 +205,6 @@ def generate_dataset(
                 {"id": key, "category": p.category, "prompt_ids": ids, "response_ids": resp, "finish": finish}
             )
         bar.update(len(chunk))
-        bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - t0):.0f}")
         if len(buffer) >= shard_size or b + batch_size >= len(todo):
             _flush(out, manifest, buffer)
             buffer = []
@@ -211,6 +217,26 @@ def generate_dataset(
         out,
     )
     return out
+
+
+class _TokenCounter:
+    """A transformers streamer that shows generated tokens/s on the progress bar while a batch runs."""
+
+    def __init__(self, bar, eos: list[int]):
+        self.bar, self.eos, self.t0, self.n, self.live = bar, torch.tensor(eos), time.perf_counter(), 0, None
+
+    def put(self, tokens: torch.Tensor) -> None:
+        if self.live is None:  # first call of a batch: the prompt ids [B, T]
+            self.live = torch.ones(tokens.shape[0] if tokens.dim() > 1 else 1, dtype=torch.bool)
+            return
+        tokens = tokens.reshape(-1)
+        self.n += int(self.live.sum())
+        self.live &= ~torch.isin(tokens, self.eos)
+        self.bar.set_postfix(tok_s=f"{self.n / (time.perf_counter() - self.t0):.0f}", refresh=False)
+        self.bar.refresh()
+
+    def end(self) -> None:
+        self.live = None
 
 
 def _flush(out: Path, manifest: dict, rows: list[dict]) -> None:
@@ -291,6 +317,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--skip-long", action="store_true", help="skip prompts that do not fit the context instead of failing"
     )
+    p.add_argument(
+        "--max-prompt-tokens", type=int, default=None, help="skip prompts longer than this (tokens)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="bf16|fp16|fp32 (default: bf16 on CUDA, fp32 on CPU)")
@@ -309,6 +338,7 @@ def run(args: argparse.Namespace) -> int:
         shard_size=args.shard_size,
         limit=args.limit,
         skip_long=args.skip_long,
+        max_prompt_tokens=args.max_prompt_tokens,
         seed=args.seed,
         device=args.device,
         dtype=args.dtype,

@@ -85,7 +85,9 @@ class TrainArgs:
         if self.mixed_precision is False:
             self.mixed_precision = "no"
         if self.mixed_precision not in ("no", "bf16", "fp16", "auto"):
-            raise DraftsmithError(f"train.mixed_precision must be no, bf16, fp16 or auto, got {self.mixed_precision!r}")
+            raise DraftsmithError(
+                f"train.mixed_precision must be no, bf16, fp16 or auto, got {self.mixed_precision!r}"
+            )
         for name in ("max_steps", "batch_size", "grad_accum"):
             if getattr(self, name) < 1:
                 raise DraftsmithError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -280,6 +282,7 @@ def run(
     overwrite: bool = False,
     run_config: dict | None = None,
     progress: bool = True,
+    before_step: Callable[[int], None] | None = None,
 ) -> dict:
     """Train `model` for `args.max_steps` optimizer steps; returns {"step", "train": last log, "eval": last eval}.
 
@@ -288,6 +291,8 @@ def run(
     eval_fn(unwrapped_model) -> {name: number | dict}, run on every process (reduce inside if you shard).
     save_fn(unwrapped_model, dir) writes final/ (main process only); default: model.save_pretrained.
     param_groups: AdamW groups (e.g. a higher LR for heads); default all trainable parameters.
+    before_step(step) is called before the first micro-batch of each optimizer step (0-based, also right after
+    a resume): e.g. to unfreeze a backbone after a warm-up (Medusa-2).
     """
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
@@ -366,10 +371,14 @@ def run(
     sums: dict[str, float] = {}
     n_micro, n_tokens, t_window = 0, 0.0, time.perf_counter()
     last_log: dict = {}
+    new_step = True
     while step < args.max_steps:
         seen_this_epoch = False
         for i_last, batch in _shard(_epoch_iter(batches, epoch), world, rank, batch_index):
             seen_this_epoch = True
+            if new_step and before_step is not None:
+                before_step(step)
+            new_step = False
             batch = _to_device(batch, accelerator.device)
             with accelerator.accumulate(model):
                 loss, metrics = loss_fn(model, batch)
@@ -394,6 +403,7 @@ def run(
             n_micro += 1
             if not synced:
                 continue
+            new_step = True
             scheduler.step()
             step += 1
             batch_index = i_last + 1

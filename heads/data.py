@@ -14,17 +14,30 @@ import torch
 from draftsmith.errors import DraftsmithError
 
 
-def load_examples(generated: str, *, max_length: int = 1024, limit: int | None = None) -> list[dict]:
-    """Rows of a generated-data folder -> [{"index", "input_ids", "loss_mask"}] (truncated to max_length)."""
+def load_examples(generated: str, *, max_length: int = 1024, limit: int | None = None,
+                  loss_on_prompt: bool = False) -> list[dict]:
+    """Rows of a generated-data folder -> [{"index", "input_ids", "loss_mask"}] (truncated to max_length).
+    loss_on_prompt: also learn on prompt tokens (their target states are computed anyway: free extra signal when
+    data is scarce; the labels are still the target's distributions, so nothing is learned off-policy but inputs)."""
+    import json
+    from pathlib import Path
+
+    from draftsmith.prompts import is_eval_source
     from draftsmith.selfdistill import load_generated
 
     rows = load_generated(generated, limit=limit)
+    settings = json.loads((Path(generated) / "manifest.json").read_text()).get("settings", {})
+    source = str(settings.get("prompts") or "")
+    if settings.get("for_eval") or (source and is_eval_source(source)):
+        raise DraftsmithError(f"{generated} was generated from an evaluation set ({source or 'for_eval'}); "
+                              "train heads on training prompts (e.g. builtin:train), never on what you evaluate")
     out = []
     for i, r in enumerate(rows):
         ids = (list(r["prompt_ids"]) + list(r["response_ids"]))[:max_length]
-        mask = ([0] * len(r["prompt_ids"]) + [1] * len(r["response_ids"]))[:max_length]
-        if sum(mask) >= 2:
-            out.append({"index": i, "input_ids": ids, "loss_mask": mask})
+        mask = ([int(loss_on_prompt)] * len(r["prompt_ids"]) + [1] * len(r["response_ids"]))[:max_length]
+        response = ([0] * len(r["prompt_ids"]) + [1] * len(r["response_ids"]))[:max_length]
+        if sum(response) >= 2:
+            out.append({"index": i, "input_ids": ids, "loss_mask": mask, "response_mask": response})
     if not out:
         raise DraftsmithError(f"{generated}: no example has a response of >= 2 tokens within max_length={max_length}")
     return out
@@ -39,7 +52,8 @@ def split_examples(examples: list[dict], eval_fraction: float, max_eval: int, se
         n_eval = max(1, min(n_eval, len(examples) - 1))
     else:
         n_eval = 0
-    ev = [examples[i] for i in sorted(order[:n_eval])]
+    # held-out acceptance is measured on responses only (what the decoder drafts), whatever the training mask
+    ev = [{**examples[i], "loss_mask": examples[i]["response_mask"]} for i in sorted(order[:n_eval])]
     tr = [examples[i] for i in sorted(order[n_eval:])]
     return tr, ev
 

@@ -192,7 +192,8 @@ def build_medusa(arg: str, ctx: DrafterContext) -> MedusaProposer:
     if o.get("chain") or acc is None:
         paths = chain_tree(depth)
     else:
-        paths = medusa_tree(acc, o.get("total_tokens", 16), depth)
+        # measured accuracies of zero everywhere (an untrained head) give no tree: fall back to the chain
+        paths = medusa_tree(acc, o.get("total_tokens", 16), depth) or chain_tree(depth)
     return MedusaProposer(heads, ctx.target.config.num_hidden_layers, paths)
 
 

@@ -97,6 +97,8 @@ class DataSection:
     """Truncate prompt+response to this many tokens."""
     limit: int | None = None
     """Use the first N rows only."""
+    loss_on_prompt: bool = False
+    """Also train on prompt tokens (EAGLE labels are target distributions; useful when data is scarce)."""
     eval_fraction: float = 0.05
     """Held-out share for the acceptance eval."""
     max_eval_examples: int = 64
@@ -157,7 +159,8 @@ def run_heads(cfg: HeadsConfig, accelerator, *, resume: bool = False, overwrite:
     from draftsmith.trainer import run
 
     target = models.load_model(cfg.model.target, dtype=cfg.model.dtype, device=accelerator.device)
-    examples = load_examples(cfg.data.generated, max_length=cfg.data.max_length, limit=cfg.data.limit)
+    examples = load_examples(cfg.data.generated, max_length=cfg.data.max_length, limit=cfg.data.limit,
+                             loss_on_prompt=cfg.data.loss_on_prompt)
     train_ex, eval_ex = split_examples(examples, cfg.data.eval_fraction, cfg.data.max_eval_examples, cfg.train.seed)
     head = build_head(cfg, target, train_ex).to(accelerator.device)
     kind = "eagle3" if cfg.head.kind == "eagle3" else ("eagle" if cfg.head.kind == "eagle" else "medusa")

@@ -20,10 +20,10 @@ import time
 import warnings
 
 import torch
-
-from draftsmith import models
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
+
+from draftsmith import models
 from draftsmith.prompts import load_prompts, prompt_ids
 
 
@@ -54,12 +54,18 @@ def main() -> None:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default=None, help="draft model (default: shrunken copy of the target)")
     ap.add_argument("--prompts", default="builtin:dev-eval")
-    ap.add_argument("--limit", type=int, default=6, help="prompts (half vicuna, half humaneval for builtin:dev-eval)")
+    ap.add_argument(
+        "--limit", type=int, default=6, help="prompts (half vicuna, half humaneval for builtin:dev-eval)"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--k", type=int, default=4, help="draftsmith draft tokens per step (draft model)")
-    ap.add_argument("--ngram-k", type=int, default=None, help="draftsmith n-gram tokens per step (default: --pld-tokens)")
+    ap.add_argument(
+        "--ngram-k", type=int, default=None, help="draftsmith n-gram tokens per step (default: --pld-tokens)"
+    )
     ap.add_argument("--ngram", default="3,1", help="draftsmith n-gram max,min")
-    ap.add_argument("--pld-tokens", type=int, default=10, help="transformers prompt_lookup_num_tokens (its doc default)")
+    ap.add_argument(
+        "--pld-tokens", type=int, default=10, help="transformers prompt_lookup_num_tokens (its doc default)"
+    )
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--threads", type=int, default=None)
@@ -83,7 +89,9 @@ def main() -> None:
 
     if args.prompts == "builtin:dev-eval":  # balance chat and code prompts
         half = max(args.limit // 2, 1)
-        prompts = load_prompts("builtin:vicuna", limit=half + 1) + load_prompts("builtin:humaneval", limit=args.limit - half)
+        prompts = load_prompts("builtin:vicuna", limit=half + 1) + load_prompts(
+            "builtin:humaneval", limit=args.limit - half
+        )
     else:
         prompts = load_prompts(args.prompts, limit=args.limit + 1)
     encoded = [torch.tensor([prompt_ids(tok, p)], device=dev) for p in prompts]
@@ -98,7 +106,9 @@ def main() -> None:
     def hf(**kw):
         def run(ids):
             with torch.inference_mode():
-                return target.generate(ids, attention_mask=torch.ones_like(ids), **gen_kw, **kw)[0, ids.shape[1] :].tolist()
+                return target.generate(ids, attention_mask=torch.ones_like(ids), **gen_kw, **kw)[
+                    0, ids.shape[1] :
+                ].tolist()
 
         return run
 
@@ -136,13 +146,17 @@ def main() -> None:
 
     tps = {n: tokens[n] / seconds[n] for n in names}
     n_timed = len(encoded) - 1
-    print(f"\n{args.target} on {dev} ({torch.get_num_threads()} threads), {n_timed} prompts timed, greedy, "
-          f"max_new_tokens={mx}, draftsmith k={args.k} (draft) / {ngram_k} (ngram {ngram_max}..{ngram_min}), "
-          f"HF prompt_lookup_num_tokens={args.pld_tokens}")
+    print(
+        f"\n{args.target} on {dev} ({torch.get_num_threads()} threads), {n_timed} prompts timed, greedy, "
+        f"max_new_tokens={mx}, draftsmith k={args.k} (draft) / {ngram_k} (ngram {ngram_max}..{ngram_min}), "
+        f"HF prompt_lookup_num_tokens={args.pld_tokens}"
+    )
     print(f"{'method':18s} {'tok/s':>8s} {'vs hf_plain':>12s} {'== hf_plain greedy':>20s}")
     for n in names:
         print(f"{n:18s} {tps[n]:8.1f} {tps[n] / tps['hf_plain']:11.2f}x {same[n]:>14d}/{n_timed}")
-    print(f"\nds_ngram / hf_prompt_lookup = {tps['ds_ngram'] / tps['hf_prompt_lookup']:.2f}x   (target >= 1.0)")
+    print(
+        f"\nds_ngram / hf_prompt_lookup = {tps['ds_ngram'] / tps['hf_prompt_lookup']:.2f}x   (target >= 1.0)"
+    )
     print(f"ds_draft / hf_assistant     = {tps['ds_draft'] / tps['hf_assistant']:.2f}x   (target >= 1.3)")
     print(f"ds_plain / hf_plain         = {tps['ds_plain'] / tps['hf_plain']:.2f}x")
     if tmp is not None:

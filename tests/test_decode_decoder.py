@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from transformers import DynamicCache
-
 from draftsmith.decode.cache import compact_cache, crop_to
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposer import Proposal, node_depths, tree_attention_mask
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
+from transformers import DynamicCache
+
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams
 
@@ -41,7 +41,11 @@ class TreeOracle:
     def propose(self, k, params, generator):
         toks, parents, parent = [], [], -1
         for d in range(k):
-            want = self.truth[self.pos - self.prompt_len + d] if self.pos - self.prompt_len + d < len(self.truth) else 3
+            want = (
+                self.truth[self.pos - self.prompt_len + d]
+                if self.pos - self.prompt_len + d < len(self.truth)
+                else 3
+            )
             sib = torch.randint(3, 380, (2,), generator=self.g).tolist()
             slot = int(torch.randint(0, 4, (), generator=self.g))  # slot 3: truth missing at this depth
             kids = [sib[0], sib[1]]
@@ -76,7 +80,9 @@ def test_greedy_lossless_every_proposer(tiny_target, tiny_draft, reference, k):
         assert res.target_forwards == 1 + len(res.accepted)
     # the target as its own draft accepts everything: tau = k + 1 (bonus included)
     self_draft = dec.generate(PROMPT, DraftModelProposer(tiny_target, 384), k=k, max_new_tokens=NEW)
-    assert self_draft.tokens == reference and all(a == min(k, p) for a, p in zip(self_draft.accepted, self_draft.proposed))
+    assert self_draft.tokens == reference and all(
+        a == min(k, p) for a, p in zip(self_draft.accepted, self_draft.proposed)
+    )
 
 
 def test_reduced_vocab_draft_is_lossless_and_stays_in_vocab(tiny_target, reference):
@@ -160,7 +166,9 @@ def test_tree_mask_logits_equal_per_path_recompute(tiny_target):
         tiny_target(prefix, cache=cache)
         pos = (9 + torch.tensor([0, *node_depths(parents)]))[None]
         mask = tree_attention_mask(parents, 9, torch.float32, "cpu")
-        tree_logits = tiny_target(torch.cat([root, nodes], 1), cache=cache, position_ids=pos, attention_mask=mask).logits
+        tree_logits = tiny_target(
+            torch.cat([root, nodes], 1), cache=cache, position_ids=pos, attention_mask=mask
+        ).logits
         for i in range(len(parents)):
             path, j = [], i
             while j >= 0:
@@ -169,7 +177,9 @@ def test_tree_mask_logits_equal_per_path_recompute(tiny_target):
             seq = torch.cat([prefix, root, nodes[:, path[::-1]]], 1)
             ref = tiny_target(seq).logits[0, -1]
             assert torch.allclose(tree_logits[0, 1 + i], ref, atol=1e-5), i
-        assert torch.allclose(tree_logits[0, 0], tiny_target(torch.cat([prefix, root], 1)).logits[0, -1], atol=1e-5)
+        assert torch.allclose(
+            tree_logits[0, 0], tiny_target(torch.cat([prefix, root], 1)).logits[0, -1], atol=1e-5
+        )
 
 
 def test_hidden_state_rows_match_full_forward(tiny_target, reference):
@@ -190,10 +200,16 @@ def test_hidden_state_rows_match_full_forward(tiny_target, reference):
 def test_sampling_runs_and_respects_budget(tiny_target, tiny_draft):
     dec = SpeculativeDecoder(tiny_target, eos_ids=set())
     params = SamplingParams(temperature=0.8, top_p=0.9)
-    a = dec.generate(PROMPT, DraftModelProposer(tiny_draft, 384), k=3, params=params, max_new_tokens=17, seed=5)
-    b = dec.generate(PROMPT, DraftModelProposer(tiny_draft, 384), k=3, params=params, max_new_tokens=17, seed=5)
+    a = dec.generate(
+        PROMPT, DraftModelProposer(tiny_draft, 384), k=3, params=params, max_new_tokens=17, seed=5
+    )
+    b = dec.generate(
+        PROMPT, DraftModelProposer(tiny_draft, 384), k=3, params=params, max_new_tokens=17, seed=5
+    )
     assert len(a.tokens) == 17 and a.tokens == b.tokens  # seeded: reproducible
-    c = dec.generate(PROMPT, TreeOracle(list(range(5, 60)), seed=1), k=3, params=params, max_new_tokens=17, seed=5)
+    c = dec.generate(
+        PROMPT, TreeOracle(list(range(5, 60)), seed=1), k=3, params=params, max_new_tokens=17, seed=5
+    )
     assert len(c.tokens) == 17
 
 
@@ -228,3 +244,11 @@ def test_sampled_decoding_matches_target_distribution():
                 exact[a, b] = p1[a] * pa[b] * pb
     tvd = 0.5 * float((counts / n - exact).abs().sum())
     assert tvd < 0.06, tvd
+
+
+def test_static_cache_path_is_lossless(tiny_target, tiny_draft, reference):
+    """The --compile path's StaticCache (without torch.compile here): rollback by moving its length."""
+    dec = SpeculativeDecoder(tiny_target, eos_ids=set(), static_cache=True)
+    assert dec.generate(PROMPT, None, max_new_tokens=NEW).tokens == reference
+    for prop in (DraftModelProposer(tiny_draft, 384), TreeOracle(reference, seed=7)):
+        assert dec.generate(PROMPT, prop, k=4, max_new_tokens=NEW).tokens == reference, prop.name

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-
 from draftsmith.decode.proposer import Proposal, node_depths, tree_attention_mask
 from draftsmith.decode.verify import verify_greedy, verify_sampling
+
 from draftsmith.sampling import SamplingParams
 
 V = 6
@@ -90,7 +90,9 @@ def test_speculative_sampling_preserves_target_distribution_chain():
 
 
 def test_recursive_rejection_over_sampled_siblings_preserves_distribution():
-    counts = _first_token_hist(P0, [Q1, Q2, Q1], [-1, -1, -1])  # three i.i.d.-style sampled children of the root
+    counts = _first_token_hist(
+        P0, [Q1, Q2, Q1], [-1, -1, -1]
+    )  # three i.i.d.-style sampled children of the root
     assert _tvd(counts, P0) < 0.02
 
 
@@ -119,7 +121,8 @@ def test_tree_mask_and_depths():
     allowed = m[0, 0] == 0
     assert allowed.shape == (5, 7) and allowed[:, :2].all()  # everyone sees the prefix
     expect = torch.tensor(
-        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]], dtype=torch.bool
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]],
+        dtype=torch.bool,
     )
     assert torch.equal(allowed[:, 2:], expect)
     with pytest.raises(ValueError):

@@ -126,3 +126,63 @@ def test_distill_bad_inputs(tiny_dirs, gen_dir, tmp_path):
         with pytest.raises(DraftsmithError, match=match):
             run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
     assert not (tmp_path / "x" / "checkpoints").exists()
+
+
+# --- data policies ---------------------------------------------------------------------------------------------
+
+
+def test_collate_masks_response_tokens_only():
+    from draftsmith.distill.policies import collate
+
+    b = collate([([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])], pad_id=0, max_length=5)
+    assert b["input_ids"].tolist() == [[5, 6, 7, 8, 9], [5, 8, 9, 10, 11]]
+    assert b["loss_mask"].tolist() == [[False, False, False, True, True], [False, True, True, True, True]]
+    b = collate([([5, 6], [7]), ([5, 6, 7], [8, 9, 10])], pad_id=0, max_length=4)  # cut at max_length, padded
+    assert b["input_ids"].tolist() == [[5, 6, 7, 0], [5, 6, 7, 8]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert b["loss_mask"].tolist() == [[False, False, True, False], [False, False, False, True]]
+
+
+def test_policies_deal_deterministic_batches_and_mixture_fraction():
+    from draftsmith.distill.policies import DataPolicy, Example, split_heldout
+
+    exs = [Example([1, 2], [3, 4], str(i)) for i in range(40)]
+    train, held = split_heldout(exs, 5, seed=0)
+    assert len(held) == 5 and not {e.id for e in train} & {e.id for e in held}
+    pol = DataPolicy("target", train, batch_size=4, pad_id=0, eos_ids=[2])
+    e0, e0b, e1 = pol(0), pol(0), pol(1)
+    assert [[x.id for x in b.examples] for b in e0] == [[x.id for x in b.examples] for b in e0b]  # resumable
+    assert [[x.id for x in b.examples] for b in e0] != [[x.id for x in b.examples] for b in e1]  # reshuffled
+    assert sorted(x.id for b in e0 for x in b.examples) == sorted(e.id for e in train) and not any(b.on_policy for b in e0)
+    mix = DataPolicy("mixture", exs * 10, batch_size=2, pad_id=0, eos_ids=[2], on_policy_fraction=0.3)
+    frac = sum(b.on_policy for b in mix(0)) / len(mix(0))
+    assert 0.2 < frac < 0.4
+    assert all(b.on_policy for b in DataPolicy("on_policy", exs, 4, 0, [2])(0))
+    with pytest.raises(DraftsmithError, match="empty"):
+        DataPolicy("target", [], 4, 0, [2])
+    with pytest.raises(DraftsmithError, match="needs responses"):
+        DataPolicy("fixed", [Example([1, 2], [])], 4, 0, [2])
+
+
+def test_fixed_policy_reads_prompt_response_files(tmp_path, tiny_tokenizer):
+    from draftsmith.distill.policies import examples_from_file
+
+    f = tmp_path / "sft.jsonl"
+    f.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
+                 + "\n" + json.dumps({"prompt": "2+2?", "response": "4"}) + "\n" + json.dumps({"prompt": "no answer"}))
+    exs = examples_from_file(f, tiny_tokenizer)
+    assert len(exs) == 2
+    assert tiny_tokenizer.decode(exs[0].response_ids) == "hello<|im_end|>"
+    assert tiny_tokenizer.decode(exs[0].prompt_ids).endswith("<|im_start|>assistant\n")
+
+
+def test_on_policy_samples_stay_in_the_draft_vocab(tiny_draft):
+    from draftsmith.distill.policies import sample_responses
+
+    vocab_ids = torch.tensor(sorted({2, *range(100, 140)}))
+    torch.manual_seed(0)
+    out = sample_responses(tiny_draft, [[1, 50, 60], [1, 70]], max_new_tokens=12, temperature=1.0, eos_ids=[2],
+                           pad_id=2, vocab_ids=vocab_ids)
+    assert len(out) == 2 and all(1 <= len(r) <= 12 for r in out)
+    assert all(t in set(vocab_ids.tolist()) for r in out for t in r)
+    assert all(2 not in r[:-1] for r in out)  # cut right after eos

@@ -6,17 +6,48 @@ import pytest
 
 from draftsmith.cli import main
 
-KEYS = {"tau", "alpha_per_position", "accept_length_hist", "tokens_per_s", "speedup", "target_forwards",
-        "draft_time_share", "lossless", "per_category", "conditions", "prompts"}
-COND = {"target", "drafter", "drafter_kind", "k", "tree", "temperature", "top_p", "top_k", "max_new_tokens", "prompts",
-        "n_prompts", "seed", "device", "dtype", "hardware", "torch_version", "draftsmith_version", "date"}
+KEYS = {
+    "tau",
+    "alpha_per_position",
+    "accept_length_hist",
+    "tokens_per_s",
+    "speedup",
+    "target_forwards",
+    "draft_time_share",
+    "lossless",
+    "per_category",
+    "conditions",
+    "prompts",
+}
+COND = {
+    "target",
+    "drafter",
+    "drafter_kind",
+    "k",
+    "tree",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens",
+    "prompts",
+    "n_prompts",
+    "seed",
+    "device",
+    "dtype",
+    "hardware",
+    "torch_version",
+    "draftsmith_version",
+    "date",
+}
 
 
 def _prompts(tmp_path):
     f = tmp_path / "p.jsonl"
-    rows = [{"prompt": "The quick brown fox jumps over the lazy dog. The quick", "category": "text"},
-            {"prompt": "def add(a, b):\n    return a + b\n\nprint(add(", "category": "code"},
-            {"prompt": "Write a short poem about the sea", "category": "text"}]
+    rows = [
+        {"prompt": "The quick brown fox jumps over the lazy dog. The quick", "category": "text"},
+        {"prompt": "def add(a, b):\n    return a + b\n\nprint(add(", "category": "code"},
+        {"prompt": "Write a short poem about the sea", "category": "text"},
+    ]
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return str(f)
 
@@ -25,8 +56,26 @@ def _prompts(tmp_path):
 def test_eval_end_to_end(tiny_dirs, tmp_path, capsys, drafter):
     spec = f"draft:{tiny_dirs['draft']}" if drafter == "draft" else drafter
     out = tmp_path / "ev"
-    rc = main(["eval", "--target", tiny_dirs["target"], "--drafter", spec, "--prompts", _prompts(tmp_path),
-               "--k", "3", "--max-new-tokens", "12", "--out", str(out), "--device", "cpu", "--no-progress"])
+    rc = main(
+        [
+            "eval",
+            "--target",
+            tiny_dirs["target"],
+            "--drafter",
+            spec,
+            "--prompts",
+            _prompts(tmp_path),
+            "--k",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     res = json.loads((out / "eval.json").read_text())
     assert KEYS <= set(res) and COND <= set(res["conditions"])
@@ -42,12 +91,26 @@ def test_eval_end_to_end(tiny_dirs, tmp_path, capsys, drafter):
 
 def test_evaluate_library_with_loaded_models(tiny_target, tiny_tokenizer, tmp_path):
     from draftsmith.decode.evaluate import evaluate
+
     from draftsmith.prompts import Prompt
 
     prompts = [Prompt([{"role": "user", "content": "hello there"}], category="a", id="0")]
-    res = evaluate(tiny_target, "ngram:", prompts, k=2, max_new_tokens=8, tokenizer=tiny_tokenizer, progress=False,
-                   temperature=0.7, seed=1)
-    assert res["lossless"] is None and res["conditions"]["temperature"] == 0.7 and res["prompts"][0]["new_tokens"] <= 8
+    res = evaluate(
+        tiny_target,
+        "ngram:",
+        prompts,
+        k=2,
+        max_new_tokens=8,
+        tokenizer=tiny_tokenizer,
+        progress=False,
+        temperature=0.7,
+        seed=1,
+    )
+    assert (
+        res["lossless"] is None
+        and res["conditions"]["temperature"] == 0.7
+        and res["prompts"][0]["new_tokens"] <= 8
+    )
 
 
 @pytest.mark.parametrize(
@@ -62,7 +125,9 @@ def test_evaluate_library_with_loaded_models(tiny_target, tiny_tokenizer, tmp_pa
     ],
 )
 def test_eval_bad_input_exit_2(tiny_dirs, tmp_path, capsys, args, msg):
-    rc = main(["eval", "--target", tiny_dirs["target"], "--prompts", _prompts(tmp_path), "--no-progress", *args])
+    rc = main(
+        ["eval", "--target", tiny_dirs["target"], "--prompts", _prompts(tmp_path), "--no-progress", *args]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]  # earlier lines: library progress bars
     assert rc == 2 and err.startswith("error: ") and msg in err
 
@@ -77,7 +142,17 @@ def test_eval_tokenizer_mismatch(tiny_dirs, tmp_path, capsys):
     tok = AutoTokenizer.from_pretrained(bad)
     tok.add_tokens(["<extra_token>"])
     tok.save_pretrained(bad)
-    rc = main(["eval", "--target", tiny_dirs["target"], "--drafter", f"draft:{bad}", "--prompts", _prompts(tmp_path),
-               "--no-progress"])
+    rc = main(
+        [
+            "eval",
+            "--target",
+            tiny_dirs["target"],
+            "--drafter",
+            f"draft:{bad}",
+            "--prompts",
+            _prompts(tmp_path),
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2 and err.startswith("error: tokenizer mismatch")

@@ -37,15 +37,14 @@ def _proposers(target):
 @pytest.mark.parametrize("k", [2, 4])
 def test_greedy_output_equals_target_greedy_with_untrained_heads(tiny_target, k):
     dec = SpeculativeDecoder(tiny_target, eos_ids=set())
-    for seed in range(2):
-        ids = torch.randint(3, 300, (1, 8), generator=torch.Generator().manual_seed(seed))
-        plain = dec.generate(ids, None, max_new_tokens=30).tokens
-        hf = tiny_target.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None)[0, 8:].tolist()
-        assert plain == hf
-        for name, prop in _proposers(tiny_target).items():
-            res = dec.generate(ids, prop, k=k, max_new_tokens=30)
-            assert res.tokens == plain, name
-            assert all(a <= k for a in res.accepted)
+    ids = torch.randint(3, 300, (1, 8), generator=torch.Generator().manual_seed(k))
+    plain = dec.generate(ids, None, max_new_tokens=20).tokens
+    hf = tiny_target.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None)[0, 8:].tolist()
+    assert plain == hf
+    for name, prop in _proposers(tiny_target).items():
+        res = dec.generate(ids, prop, k=k, max_new_tokens=20)
+        assert res.tokens == plain, name
+        assert all(a <= k for a in res.accepted)
 
 
 def test_sampling_with_head_trees_runs(tiny_target):

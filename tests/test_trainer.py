@@ -49,21 +49,23 @@ def loss_fn(seen, kill_at=None):
     return fn
 
 
-def _run(out, seen, resume=False, overwrite=False, cfg=None, kill_at=None, **kw):
+def _run(out, seen, resume=False, overwrite=False, cfg=None, kill_at=None, kw_steps=None, **kw):
     args = TrainArgs(**{"max_steps": 6, "lr": 0.05, "log_every": 1, "save_every": 2, "keep_checkpoints": 2,
                         "grad_accum": 2, "warmup_steps": 1, **kw})
     model = Toy()
     evals = []
+    kw_run = {"before_step": kw_steps.append} if kw_steps is not None else {}
     res = run(make_accelerator(args, cpu=True), model, loss_fn(seen, kill_at), batches, args, out,
               eval_fn=lambda m: evals.append(1) or {"w0": float(m.lin.weight[0, 0])},
               resume=resume, overwrite=overwrite, run_config=cfg or {"a": 1, "train": {"max_steps": args.max_steps}},
-              progress=False)
+              progress=False, **kw_run)
     return model, res, evals
 
 
 def test_train_writes_outputs_and_resume_matches_straight_run(tmp_path):
-    seen_a = []
-    straight, res, evals = _run(tmp_path / "a", seen_a)
+    seen_a, steps_a = [], []
+    straight, res, evals = _run(tmp_path / "a", seen_a, kw_steps=steps_a)
+    assert steps_a == [0, 1, 2, 3, 4, 5]  # before_step: once per optimizer step
     out = tmp_path / "a"
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_ev = [e for e in events if e["event"] == "train"]
@@ -82,7 +84,9 @@ def test_train_writes_outputs_and_resume_matches_straight_run(tmp_path):
         _run(tmp_path / "b", seen_b, kill_at=9)
     assert [p.name for p in list_checkpoints(tmp_path / "b")] == ["step-0000002", "step-0000004"]
     del seen_b[8:]  # the killed step's micro-batch is redone after resuming
-    resumed, res_b, _ = _run(tmp_path / "b", seen_b, resume=True)
+    steps_b = []
+    resumed, res_b, _ = _run(tmp_path / "b", seen_b, resume=True, kw_steps=steps_b)
+    assert steps_b == [4, 5]
     assert res_b["step"] == 6
     assert seen_b == seen_a  # data position restored: no batch repeated or skipped
     for p, q in zip(straight.parameters(), resumed.parameters()):
