@@ -32,7 +32,13 @@ log = logging.getLogger(__name__)
 def _hardware(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+    name = platform.processor() or platform.machine()
+    try:  # Linux: the CPU model is more useful than "x86_64"
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name} ({torch.get_num_threads()} threads)"
 
 
 def evaluate(

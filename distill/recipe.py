@@ -23,6 +23,7 @@ from draftsmith.distill.policies import (
     Example,
     PolicyKind,
     collate,
+    dense_from_topk,
     examples_from_file,
     split_heldout,
 )
@@ -90,6 +91,10 @@ class DataArgs:
     """Examples held out from `source` for the acceptance eval (never trained on)."""
     limit: int | None = None
     """Use only the first N examples of `source`."""
+    cache_target_topk: int = 0
+    """>0: score the training data with the target once and keep its top-k logits per token, so training steps
+    on that data skip the target forward (~3x faster for small drafts; the loss sees the top-k truncated target).
+    Memory: k x 6 bytes per response token. 0 = exact target every step. Evals always use the exact target."""
 
 
 @dataclass
@@ -187,7 +192,13 @@ def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
         dev = next(draft.parameters()).device
         input_ids, attn = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
         rows = batch["loss_mask"].to(dev)[:, 1:]  # logits at t predict token t+1: score response tokens
-        target_logits = target_logits_at(target, input_ids, attn, torch.nn.functional.pad(rows, (0, 1)))
+        if "target_topk_values" in batch:
+            vocab = target.config.get_text_config().vocab_size
+            target_logits = dense_from_topk(
+                batch["target_topk_values"].to(dev), batch["target_topk_ids"].to(dev), vocab
+            )
+        else:
+            target_logits = target_logits_at(target, input_ids, attn, torch.nn.functional.pad(rows, (0, 1)))
         draft_logits = model(input_ids, attn)[:, :-1][rows]
         loss = divergence(
             cfg.kind,
@@ -319,6 +330,10 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
     from draftsmith.prompts import is_eval_source
 
     m, d = cfg.model, cfg.data
+    if cfg.push_to_hub:  # a bad repo id fails now, not after hours of training
+        from draftsmith.hub import check_repo_id
+
+        check_repo_id(cfg.push_to_hub)
     if not d.source:
         raise DraftsmithError(
             "data.source is required: a draftsmith generate folder or a .jsonl with responses"
@@ -368,6 +383,12 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
         seed=cfg.train.seed,
         vocab_ids=vocab_ids,
     )
+    if d.cache_target_topk and d.policy != "on_policy":
+        from draftsmith.distill.policies import cache_target_topk
+
+        cache_target_topk(
+            target, policy.examples, d.cache_target_topk, pad, d.max_length, cfg.train.batch_size
+        )
     return DistillSetup(target, DraftLM(draft, vocab_ids), tokenizer, policy, eval_ex, info)
 
 
@@ -455,8 +476,13 @@ def run_distill(
     if cfg.push_to_hub and accelerator.is_main_process:
         from draftsmith.hub import push_to_hub
 
+        # a card with measured results needs `draftsmith eval --out OUT/eval` first; without it the card says so
         eval_json = out / "eval" / "eval.json"
+        has_eval = eval_json.is_file()
         push_to_hub(
-            str(out / "final"), cfg.push_to_hub, eval_json=str(eval_json) if eval_json.is_file() else None
+            str(out / "final"),
+            cfg.push_to_hub,
+            eval_json=str(eval_json) if has_eval else None,
+            require_results=has_eval,
         )
     return summary

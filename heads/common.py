@@ -71,15 +71,21 @@ def check_target(recorded: dict[str, Any], model, where: str) -> None:
                 f"has {key}={have[key]}; pass the target the head was trained for"
             )
     fp = recorded.get("fingerprint")
-    if fp is not None and not all(abs(a - b) <= 2e-2 * max(1.0, abs(a)) for a, b in zip(fp, have["fingerprint"])):
+    if fp is not None and not all(
+        abs(a - b) <= 2e-2 * max(1.0, abs(a)) for a, b in zip(fp, have["fingerprint"])
+    ):
         raise DraftsmithError(
             f"{where} was trained for {recorded.get('name_or_path')!r} but the target's weights differ "
             f"(embedding fingerprint {have['fingerprint']} != {fp}); pass the target the head was trained for"
         )
 
 
-def write_head_dir(out_dir: str | os.PathLike, config: dict[str, Any], state: dict[str, torch.Tensor],
-                   extra_json: dict[str, Any] | None = None) -> Path:
+def write_head_dir(
+    out_dir: str | os.PathLike,
+    config: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    extra_json: dict[str, Any] | None = None,
+) -> Path:
     """Write config.json + model.safetensors (+ extra json files) to a tmp dir, then rename into place."""
     from safetensors.torch import save_file
 
@@ -108,12 +114,16 @@ def read_head_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, to
 
     p = Path(path)
     if not (p / "config.json").is_file() or not (p / "model.safetensors").is_file():
-        raise DraftsmithError(f"{p} is not a head folder (needs config.json and model.safetensors); "
-                              "pass the final/ folder written by train/heads.py")
+        raise DraftsmithError(
+            f"{p} is not a head folder (needs config.json and model.safetensors); "
+            "pass the final/ folder written by train/heads.py"
+        )
     config = json.loads((p / "config.json").read_text())
     if config.get("draftsmith_head_type") not in HEAD_TYPES:
-        raise DraftsmithError(f"{p}/config.json has draftsmith_head_type={config.get('draftsmith_head_type')!r}; "
-                              f"expected one of {list(HEAD_TYPES)}")
+        raise DraftsmithError(
+            f"{p}/config.json has draftsmith_head_type={config.get('draftsmith_head_type')!r}; "
+            f"expected one of {list(HEAD_TYPES)}"
+        )
     return config, load_file(str(p / "model.safetensors"))
 
 
@@ -131,11 +141,15 @@ def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], w
     own = module.state_dict()
     missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or extra:
-        raise DraftsmithError(f"{where}: tensor names do not match the head config (missing {missing[:4]}, "
-                              f"unexpected {extra[:4]}); the folder was written for another head layout")
+        raise DraftsmithError(
+            f"{where}: tensor names do not match the head config (missing {missing[:4]}, "
+            f"unexpected {extra[:4]}); the folder was written for another head layout"
+        )
     for k, v in state.items():
         if tuple(v.shape) != tuple(own[k].shape):
-            raise DraftsmithError(f"{where}: tensor {k} has shape {tuple(v.shape)}, config implies {tuple(own[k].shape)}")
+            raise DraftsmithError(
+                f"{where}: tensor {k} has shape {tuple(v.shape)}, config implies {tuple(own[k].shape)}"
+            )
     module.load_state_dict(state, strict=True)
 
 
@@ -148,8 +162,9 @@ def _ce_chunk(h, weight, labels, topk: int):
         return loss, hit[:, 0].sum(), hit.any(-1).sum()
 
 
-def chunked_ce(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, chunk_size: int = 1024,
-               topk: int = 5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def chunked_ce(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, chunk_size: int = 1024, topk: int = 5
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sum of CE(F.linear(hidden, weight), labels) over rows, computed chunk by chunk with activation
     checkpointing so at most chunk_size x V logits live at once (forward and backward).
     hidden [N, H], weight [V, H], labels [N] -> (loss_sum, top1_hits, topk_hits)."""

@@ -14,8 +14,9 @@ import torch
 from draftsmith.errors import DraftsmithError
 
 
-def load_examples(generated: str, *, max_length: int = 1024, limit: int | None = None,
-                  loss_on_prompt: bool = False) -> list[dict]:
+def load_examples(
+    generated: str, *, max_length: int = 1024, limit: int | None = None, loss_on_prompt: bool = False
+) -> list[dict]:
     """Rows of a generated-data folder -> [{"index", "input_ids", "loss_mask"}] (truncated to max_length).
     loss_on_prompt: also learn on prompt tokens (their target states are computed anyway: free extra signal when
     data is scarce; the labels are still the target's distributions, so nothing is learned off-policy but inputs)."""
@@ -29,8 +30,10 @@ def load_examples(generated: str, *, max_length: int = 1024, limit: int | None =
     settings = json.loads((Path(generated) / "manifest.json").read_text()).get("settings", {})
     source = str(settings.get("prompts") or "")
     if settings.get("for_eval") or (source and is_eval_source(source)):
-        raise DraftsmithError(f"{generated} was generated from an evaluation set ({source or 'for_eval'}); "
-                              "train heads on training prompts (e.g. builtin:train), never on what you evaluate")
+        raise DraftsmithError(
+            f"{generated} was generated from an evaluation set ({source or 'for_eval'}); "
+            "train heads on training prompts (e.g. builtin:train), never on what you evaluate"
+        )
     out = []
     for i, r in enumerate(rows):
         ids = (list(r["prompt_ids"]) + list(r["response_ids"]))[:max_length]
@@ -39,11 +42,15 @@ def load_examples(generated: str, *, max_length: int = 1024, limit: int | None =
         if sum(response) >= 2:
             out.append({"index": i, "input_ids": ids, "loss_mask": mask, "response_mask": response})
     if not out:
-        raise DraftsmithError(f"{generated}: no example has a response of >= 2 tokens within max_length={max_length}")
+        raise DraftsmithError(
+            f"{generated}: no example has a response of >= 2 tokens within max_length={max_length}"
+        )
     return out
 
 
-def split_examples(examples: list[dict], eval_fraction: float, max_eval: int, seed: int = 0) -> tuple[list, list]:
+def split_examples(
+    examples: list[dict], eval_fraction: float, max_eval: int, seed: int = 0
+) -> tuple[list, list]:
     """Held-out split by a seeded shuffle (eval examples are never trained on)."""
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
@@ -70,8 +77,13 @@ def collate(examples: list[dict]) -> dict[str, torch.Tensor]:
         ids[i, :n] = torch.tensor(e["input_ids"])
         am[i, :n] = 1
         lm[i, :n] = torch.tensor(e["loss_mask"])
-    return {"input_ids": ids, "attention_mask": am, "loss_mask": lm,
-            "lengths": am.sum(1), "index": torch.tensor([e["index"] for e in examples])}
+    return {
+        "input_ids": ids,
+        "attention_mask": am,
+        "loss_mask": lm,
+        "lengths": am.sum(1),
+        "index": torch.tensor([e["index"] for e in examples]),
+    }
 
 
 def epoch_batches(examples: list[dict], batch_size: int, seed: int) -> Callable[[int], list[dict]]:

@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
+from draftsmith.heads.common import base_decoder, target_info
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.common import base_decoder, target_info
 
 
 @dataclass
@@ -53,7 +53,9 @@ class EagleConfig:
         if self.kind not in ("eagle", "eagle3"):
             raise DraftsmithError(f"eagle head kind must be eagle or eagle3, got {self.kind!r}")
         if self.kind == "eagle3" and len(self.aux_hidden_state_layer_ids) != 3:
-            raise DraftsmithError(f"eagle3 needs 3 aux_hidden_state_layer_ids, got {self.aux_hidden_state_layer_ids}")
+            raise DraftsmithError(
+                f"eagle3 needs 3 aux_hidden_state_layer_ids, got {self.aux_hidden_state_layer_ids}"
+            )
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -74,9 +76,13 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    position_ids: torch.Tensor, head_dim: int, theta: float, dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Default RoPE for positions [B, T] -> cos, sin [B, 1, T, D]."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim))
+    inv = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim)
+    )
     freqs = position_ids[..., None].float() * inv
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
@@ -97,9 +103,10 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.d, c.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, mask, kv_extra=None, diag_kv=None):
-        """x [B, T, in]; mask [B|1, 1, T, S_extra + T] bool (True = attend) over (kv_extra ++ own keys).
-        diag_kv: list of (k, v) [B, h_kv, T, D] each attended only at the same column (training-time test).
-        Returns out [B, T, H] and this call's (k, v) [B, h_kv, T, D] (post-RoPE, for caches)."""
+        """x [B, T, in]; mask [B|1, 1, T, S] bool (True = attend). Plain mode (diag_kv None): keys are
+        kv_extra ++ this call's keys, S = S_extra + T. Training-time-test mode (diag_kv a list, possibly empty):
+        kv_extra are the step-0 keys masked by `mask` (S = T, causal) and each column also attends to its own
+        earlier unroll steps (diag_kv) and itself. Returns out [B, T, H] and this call's post-RoPE (k, v)."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.d).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.n_kv, self.d).transpose(1, 2)
@@ -200,9 +207,16 @@ class EagleHead(nn.Module):
             self.layers = nn.ModuleList([Eagle1Layer(c)])
 
     @classmethod
-    def from_target(cls, target_model, kind: str = "eagle3", *, draft_vocab_ids: torch.Tensor | None = None,
-                    aux_layers: list[int] | None = None, norm_before_residual: bool = False,
-                    intermediate_size: int | None = None) -> EagleHead:
+    def from_target(
+        cls,
+        target_model,
+        kind: str = "eagle3",
+        *,
+        draft_vocab_ids: torch.Tensor | None = None,
+        aux_layers: list[int] | None = None,
+        norm_before_residual: bool = False,
+        intermediate_size: int | None = None,
+    ) -> EagleHead:
         """A new head sized like one target decoder layer. eagle3 needs the sorted target ids of the draft
         vocabulary (draftsmith.distill.vocab.build_vocab_ids on token counts of the training data)."""
         t = target_model.config
@@ -217,12 +231,22 @@ class EagleHead(nn.Module):
         else:
             v_d = t.vocab_size
         c = EagleConfig(
-            kind=kind, hidden_size=t.hidden_size, intermediate_size=intermediate_size or t.intermediate_size,
-            num_attention_heads=n_heads, num_key_value_heads=getattr(t, "num_key_value_heads", n_heads),
-            head_dim=head_dim, rms_norm_eps=float(getattr(t, "rms_norm_eps", 1e-5)), rope_theta=theta,
-            max_position_embeddings=int(t.max_position_embeddings), hidden_act=getattr(t, "hidden_act", "silu"),
-            vocab_size=t.vocab_size, draft_vocab_size=v_d, target_hidden_size=t.hidden_size,
-            aux_hidden_state_layer_ids=(aux_layers or default_aux_layers(t.num_hidden_layers)) if kind == "eagle3" else [],
+            kind=kind,
+            hidden_size=t.hidden_size,
+            intermediate_size=intermediate_size or t.intermediate_size,
+            num_attention_heads=n_heads,
+            num_key_value_heads=getattr(t, "num_key_value_heads", n_heads),
+            head_dim=head_dim,
+            rms_norm_eps=float(getattr(t, "rms_norm_eps", 1e-5)),
+            rope_theta=theta,
+            max_position_embeddings=int(t.max_position_embeddings),
+            hidden_act=getattr(t, "hidden_act", "silu"),
+            vocab_size=t.vocab_size,
+            draft_vocab_size=v_d,
+            target_hidden_size=t.hidden_size,
+            aux_hidden_state_layer_ids=(aux_layers or default_aux_layers(t.num_hidden_layers))
+            if kind == "eagle3"
+            else [],
             norm_before_residual=norm_before_residual,
         )
         head = cls(c, target_info(target_model))
@@ -256,8 +280,16 @@ class EagleHead(nn.Module):
     def layer(self):
         return self.midlayer if self.config.kind == "eagle3" else self.layers[0]
 
-    def step(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-             kv_extra=None, diag_kv=None, from_target: bool = True):
+    def step(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor,
+        kv_extra=None,
+        diag_kv=None,
+        from_target: bool = True,
+    ):
         """embeds [B, T, H] of tokens t+1; hidden [B, T, H_in]: target features (from_target: fc applied) or the
         head's own previous outputs. position_ids [B, T]. Returns (out [B, T, H] pre-norm, (k, v))."""
         c = self.config
@@ -266,7 +298,9 @@ class EagleHead(nn.Module):
             if from_target:
                 hidden = self.fc(hidden)
             return self.midlayer(embeds, hidden, cos, sin, mask, kv_extra, diag_kv)
-        x = self.fc(torch.cat([embeds, hidden], -1))  # EAGLE-1 always fuses (its features are next-feature preds)
+        x = self.fc(
+            torch.cat([embeds, hidden], -1)
+        )  # EAGLE-1 always fuses (its features are next-feature preds)
         return self.layers[0](x, cos, sin, mask, kv_extra, diag_kv)
 
     def logits(self, out: torch.Tensor, target_lm_head: torch.Tensor | None = None) -> torch.Tensor:
@@ -282,10 +316,14 @@ class EagleHead(nn.Module):
         if c.kind == "eagle3":
             # SGLang / vLLM eagle3 fields (llama decoder config + eagle_config)
             d.update(
-                architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
+                architectures=["LlamaForCausalLMEagle3"],
+                model_type="llama",
+                num_hidden_layers=1,
                 rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
-                eagle_config={"eagle_aux_hidden_state_layer_ids": list(c.aux_hidden_state_layer_ids),
-                              "aux_layer_convention": c.aux_layer_convention},
+                eagle_config={
+                    "eagle_aux_hidden_state_layer_ids": list(c.aux_hidden_state_layer_ids),
+                    "aux_layer_convention": c.aux_layer_convention,
+                },
                 tie_word_embeddings=False,
             )
         else:

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from draftsmith.heads.common import base_decoder, target_fingerprint
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.common import base_decoder, target_fingerprint
 
 HiddenMode = Literal["online", "offline", "hybrid"]
 
@@ -43,11 +43,18 @@ def bytes_per_token(kind: str, hidden_size: int, dtype: torch.dtype = torch.floa
 
 
 @torch.no_grad()
-def target_features(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux_layers: list[int]) -> dict:
+def target_features(
+    target, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux_layers: list[int]
+) -> dict:
     """Run the frozen target once. input_ids/attention_mask [B, T] -> {"last": [B, T, H] (normed final state),
     "aux": [B, T, 3H] (concatenated aux states, eagle3 only)}."""
     dec = base_decoder(target)
-    out = dec(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=bool(aux_layers), use_cache=False)
+    out = dec(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        output_hidden_states=bool(aux_layers),
+        use_cache=False,
+    )
     feats = {"last": out.last_hidden_state}
     if aux_layers:
         feats["aux"] = torch.cat([out.hidden_states[i] for i in aux_layers], -1)
@@ -65,21 +72,36 @@ class CacheSpec:
 class HiddenStateCache:
     """Read/write the per-example cache. Thread-unsafe, one instance per process."""
 
-    def __init__(self, path: str | os.PathLike, spec: CacheSpec, target=None, rank: int = 0, shard_size: int = 256):
+    def __init__(
+        self, path: str | os.PathLike, spec: CacheSpec, target=None, rank: int = 0, shard_size: int = 256
+    ):
         self.path, self.spec, self.rank, self.shard_size = Path(path), spec, rank, shard_size
-        self.dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[spec.dtype]
+        self.dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[
+            spec.dtype
+        ]
         self.path.mkdir(parents=True, exist_ok=True)
-        meta = {"kind": spec.kind, "aux_layers": spec.aux_layers, "hidden_size": spec.hidden_size, "dtype": spec.dtype,
-                "bytes_per_token": bytes_per_token(spec.kind, spec.hidden_size, self.dtype)}
+        meta = {
+            "kind": spec.kind,
+            "aux_layers": spec.aux_layers,
+            "hidden_size": spec.hidden_size,
+            "dtype": spec.dtype,
+            "bytes_per_token": bytes_per_token(spec.kind, spec.hidden_size, self.dtype),
+        }
         if target is not None:
             meta["target_fingerprint"] = target_fingerprint(target)
         meta_file = self.path / "meta.json"
         if meta_file.is_file():
             old = json.loads(meta_file.read_text())
+            if old.get("kind") == "eagle3" and spec.kind != "eagle3":
+                # an EAGLE-3 cache holds the final state too: Medusa / EAGLE-1 runs reuse it (and keep it complete)
+                spec = self.spec = CacheSpec("eagle3", list(old["aux_layers"]), spec.hidden_size, spec.dtype)
+                meta.update(kind="eagle3", aux_layers=spec.aux_layers)
             for key in ("kind", "aux_layers", "hidden_size", "dtype", "target_fingerprint"):
                 if key in meta and key in old and old[key] != meta[key]:
-                    raise DraftsmithError(f"hidden-state cache {self.path} was written for {key}={old[key]}, this run "
-                                          f"needs {meta[key]}; use another data.hidden_cache dir or delete it")
+                    raise DraftsmithError(
+                        f"hidden-state cache {self.path} was written for {key}={old[key]}, this run "
+                        f"needs {meta[key]}; use another data.hidden_cache dir or delete it"
+                    )
         elif rank == 0:
             _write_json(meta_file, meta)
         self.index: dict[int, str] = {}
@@ -88,14 +110,14 @@ class HiddenStateCache:
         self._own = {k: v for k, v in self.index.items() if f"-r{rank}-" in v}
         self._n_shards = len({v for v in self._own.values()})
         self._buffer: dict[str, torch.Tensor] = {}
-        self._buffered: list[int] = []
+        self._buffered: set[int] = set()
         self._handles: dict[str, object] = {}
 
     def __contains__(self, example: int) -> bool:
         return example in self.index or example in self._buffered
 
     def has_all(self, examples: list[int]) -> bool:
-        return all(int(e) in self.index for e in examples)
+        return all(int(e) in self for e in examples)
 
     def put(self, example: int, feats: dict[str, torch.Tensor]) -> None:
         """feats: {"last": [T_i, H], "aux": [T_i, 3H]} for one unpadded example."""
@@ -104,7 +126,7 @@ class HiddenStateCache:
             if self.dtype == torch.float16 and not torch.isfinite(t).all():
                 raise DraftsmithError("target hidden states overflow float16; set data.cache_dtype=bfloat16")
             self._buffer[f"{int(example)}.{name}"] = t.contiguous()
-        self._buffered.append(int(example))
+        self._buffered.add(int(example))
         if len(self._buffered) >= self.shard_size:
             self.flush()
 
@@ -119,21 +141,27 @@ class HiddenStateCache:
         os.replace(tmp, self.path / name)
         for e in self._buffered:
             self.index[e] = self._own[e] = name
-        _write_json(self.path / f"index-rank{self.rank}.json", {str(k): v for k, v in sorted(self._own.items())})
+        _write_json(
+            self.path / f"index-rank{self.rank}.json", {str(k): v for k, v in sorted(self._own.items())}
+        )
         self._n_shards += 1
-        self._buffer, self._buffered = {}, []
+        self._buffer, self._buffered = {}, set()
 
     def get(self, example: int) -> dict[str, torch.Tensor]:
         from safetensors import safe_open
 
+        names = ["last", "aux"] if self.spec.kind == "eagle3" else ["last"]
+        if int(example) in self._buffered:  # written this epoch, not flushed to a shard yet
+            return {n: self._buffer[f"{int(example)}.{n}"] for n in names}
         shard = self.index.get(int(example))
         if shard is None:
-            raise DraftsmithError(f"example {example} is not in the hidden-state cache {self.path}; "
-                                  "build it first (data.hidden_states=offline runs the pass) or use hybrid")
+            raise DraftsmithError(
+                f"example {example} is not in the hidden-state cache {self.path}; "
+                "build it first (data.hidden_states=offline runs the pass) or use hybrid"
+            )
         h = self._handles.get(shard)
         if h is None:
             h = self._handles[shard] = safe_open(str(self.path / shard), framework="pt")
-        names = ["last", "aux"] if self.spec.kind == "eagle3" else ["last"]
         return {n: h.get_tensor(f"{int(example)}.{n}") for n in names}
 
     def disk_bytes(self) -> int:
@@ -162,7 +190,9 @@ def pad_features(rows: list[dict[str, torch.Tensor]], length: int, device, dtype
 class HiddenStates:
     """Source of target features per batch. batch: input_ids/attention_mask [B, T], lengths [B], index [B]."""
 
-    def __init__(self, mode: HiddenMode, target, aux_layers: list[int], cache: HiddenStateCache | None = None):
+    def __init__(
+        self, mode: HiddenMode, target, aux_layers: list[int], cache: HiddenStateCache | None = None
+    ):
         if mode != "online" and cache is None:
             raise DraftsmithError(f"data.hidden_states={mode} needs data.hidden_cache (a folder)")
         self.mode, self.target, self.aux_layers, self.cache = mode, target, aux_layers, cache
@@ -174,7 +204,9 @@ class HiddenStates:
             rows = [self.cache.get(int(e)) for e in batch["index"].tolist()]
             return pad_features(rows, ids.shape[1], ids.device, dtype)
         if self.mode == "offline":
-            raise DraftsmithError("offline hidden states: some examples are missing from the cache; rebuild it")
+            raise DraftsmithError(
+                "offline hidden states: some examples are missing from the cache; rebuild it"
+            )
         feats = target_features(self.target, ids, am, self.aux_layers)
         if self.mode == "hybrid":
             for b, (e, n) in enumerate(zip(batch["index"].tolist(), batch["lengths"].tolist())):
@@ -183,8 +215,16 @@ class HiddenStates:
         return feats
 
 
-def build_cache(target, examples: list[dict], cache: HiddenStateCache, *, batch_size: int = 8, progress: bool = True,
-                rank: int = 0, world: int = 1) -> int:
+def build_cache(
+    target,
+    examples: list[dict],
+    cache: HiddenStateCache,
+    *,
+    batch_size: int = 8,
+    progress: bool = True,
+    rank: int = 0,
+    world: int = 1,
+) -> int:
     """Offline pass: run the target over every example not yet cached (this rank's share) and write shards.
     examples: dicts with input_ids (list[int]) and index. Returns bytes written by this call."""
     from tqdm.auto import tqdm
@@ -193,12 +233,16 @@ def build_cache(target, examples: list[dict], cache: HiddenStateCache, *, batch_
     n_tok = sum(len(e["input_ids"]) for e in todo)
     bpt = bytes_per_token(cache.spec.kind, cache.spec.hidden_size, cache.dtype)
     if rank == 0:
-        print(f"hidden-state cache {cache.path}: {len(todo)} examples, {n_tok} tokens x {bpt} B/token = "
-              f"{n_tok * bpt / 2**20:.1f} MiB to write ({cache.spec.dtype})")
+        print(
+            f"hidden-state cache {cache.path}: {len(todo)} examples, {n_tok} tokens x {bpt} B/token = "
+            f"{n_tok * bpt / 2**20:.1f} MiB to write ({cache.spec.dtype})"
+        )
     device = next(target.parameters()).device
     before = cache.disk_bytes()
     todo.sort(key=lambda e: len(e["input_ids"]))  # length-sorted batches waste little on padding
-    for s in tqdm(range(0, len(todo), batch_size), desc="cache hidden states", disable=not progress or rank != 0):
+    for s in tqdm(
+        range(0, len(todo), batch_size), desc="cache hidden states", disable=not progress or rank != 0
+    ):
         chunk = todo[s : s + batch_size]
         t = max(len(e["input_ids"]) for e in chunk)
         ids = torch.zeros(len(chunk), t, dtype=torch.long)

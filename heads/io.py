@@ -7,14 +7,22 @@ import os
 from pathlib import Path
 
 import torch
-
-from draftsmith.errors import DraftsmithError
-from draftsmith.heads.common import check_target, config_from_dict, load_state_strict, read_head_dir, write_head_dir
+from draftsmith.heads.common import (
+    check_target,
+    config_from_dict,
+    load_state_strict,
+    read_head_dir,
+    write_head_dir,
+)
 from draftsmith.heads.eagle import EagleHead, eagle_config_from_dict
 from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
 
+from draftsmith.errors import DraftsmithError
+
 Head = MedusaHeads | EagleHead
-ACCURACY_FILE = "head_accuracy.json"  # measured per-head/per-depth top-k accuracy (Medusa trees are built from it)
+ACCURACY_FILE = (
+    "head_accuracy.json"  # measured per-head/per-depth top-k accuracy (Medusa trees are built from it)
+)
 
 
 def save_head(head: Head, out_dir: str | os.PathLike, extra_json: dict | None = None) -> Path:
@@ -23,8 +31,14 @@ def save_head(head: Head, out_dir: str | os.PathLike, extra_json: dict | None = 
     return write_head_dir(out_dir, head.to_config_dict(), state, extra_json)
 
 
-def load_head(path: str | os.PathLike, target_model, *, device=None, dtype: torch.dtype | None = None,
-              check: bool = True) -> Head:
+def load_head(
+    path: str | os.PathLike,
+    target_model,
+    *,
+    device=None,
+    dtype: torch.dtype | None = None,
+    check: bool = True,
+) -> Head:
     """Load a head folder for `target_model` (refuses a target other than the one recorded in config.json)."""
     config, state = read_head_dir(path)
     if check:
@@ -36,7 +50,9 @@ def load_head(path: str | os.PathLike, target_model, *, device=None, dtype: torc
         head = EagleHead(eagle_config_from_dict(config), config.get("target"))
     load_state_strict(head, state, f"head {path}")
     ref = target_model.get_output_embeddings().weight
-    head.to(device=device or ref.device, dtype=dtype or ref.dtype)  # .to(dtype) leaves the int/bool d2t, t2d alone
+    head.to(
+        device=device or ref.device, dtype=dtype or ref.dtype
+    )  # .to(dtype) leaves the int/bool d2t, t2d alone
     return head.eval().requires_grad_(False)
 
 

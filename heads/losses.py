@@ -18,10 +18,10 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from draftsmith.heads.eagle import EagleHead
 from torch.utils.checkpoint import checkpoint
 
 from draftsmith.acceptance import tau_from_conditional
-from draftsmith.heads.eagle import EagleHead
 
 EagleLoss = Literal["soft_ce", "fkl", "rkl", "jsd", "tvd", "neg_log_accept", "lk"]
 
@@ -38,23 +38,38 @@ def _soft_ce_chunk(draft_h, target_h, weight):
     return -(p * torch.log_softmax(F.linear(draft_h, weight).float(), -1)).sum()
 
 
-def soft_ce_through_head(draft_h: torch.Tensor, target_h: torch.Tensor, weight: torch.Tensor, chunk: int = 512):
+def soft_ce_through_head(
+    draft_h: torch.Tensor, target_h: torch.Tensor, weight: torch.Tensor, chunk: int = 512
+):
     """sum over rows of -sum_x p(x) log q(x), p = softmax(W f_target), q = softmax(W h_draft), chunked and
     checkpointed so only chunk x V logits live at once. draft_h, target_h [N, H]; weight [V, H] -> scalar."""
     total = draft_h.new_zeros((), dtype=torch.float32)
     for s in range(0, draft_h.shape[0], chunk):
         args = (draft_h[s : s + chunk], target_h[s : s + chunk].detach(), weight)
-        total = total + (checkpoint(_soft_ce_chunk, *args, use_reentrant=False) if torch.is_grad_enabled() else _soft_ce_chunk(*args))
+        total = total + (
+            checkpoint(_soft_ce_chunk, *args, use_reentrant=False)
+            if torch.is_grad_enabled()
+            else _soft_ce_chunk(*args)
+        )
     return total
 
 
-def ttt_unroll(head: EagleHead, embed_weight: torch.Tensor, hidden: torch.Tensor, input_ids: torch.Tensor,
-               attention_mask: torch.Tensor, steps: int):
+def ttt_unroll(
+    head: EagleHead,
+    embed_weight: torch.Tensor,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    steps: int,
+):
     """Yield (i, out [B, T, H]) for unroll steps i = 0..steps-1 (see the module docstring). hidden: the target
     features [B, T, 3H | H]; step i feeds tokens input_ids[:, t+1+i] at positions t+i."""
     b, t = input_ids.shape
     dev = input_ids.device
-    causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()[None, None] & attention_mask.bool()[:, None, None, :]
+    causal = (
+        torch.ones(t, t, dtype=torch.bool, device=dev).tril()[None, None]
+        & attention_mask.bool()[:, None, None, :]
+    )
     ctx_kv, diag = None, []
     for i in range(steps):
         embeds = F.embedding(shift_left(input_ids, 1 + i), embed_weight)
@@ -84,10 +99,13 @@ def eagle_loss(
     beta: float = 0.5,
     feature_noise: float = 0.0,
     ce_weight: float = 0.1,
+    exact_acceptance: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Training loss of an EAGLE-1/3 head. embed_weight [V, H], lm_weight [V, H]: the frozen target's input
     embeddings and lm_head; feats from draftsmith.heads.hidden ("last" [B, T, H], "aux" [B, T, 3H] for eagle3);
-    input_ids/attention_mask/loss_mask [B, T]. Returns (scalar loss, metrics incl. acc_i and tau_sim)."""
+    input_ids/attention_mask/loss_mask [B, T]. Returns (scalar loss, metrics incl. acc_i and tau_sim).
+    exact_acceptance: compare with the target's argmax over the FULL vocabulary (one [H, V] matmul per token);
+    False compares within the draft vocabulary only (EAGLE-3; cheaper, slightly optimistic) -- for training logs."""
     c = head.config
     b, t = input_ids.shape
     dev = input_ids.device
@@ -98,12 +116,25 @@ def eagle_loss(
     embed_weight, lm_weight = embed_weight.to(dtype), lm_weight.to(dtype)
     w_d = lm_weight[vocab_ids] if eagle3 else lm_weight
     hidden = feats["aux"].to(dtype) if eagle3 else last
-    if feature_noise > 0 and head.training:  # EAGLE-1: uniform noise on the input features (robustness to drift)
+    if (
+        feature_noise > 0 and head.training
+    ):  # EAGLE-1: uniform noise on the input features (robustness to drift)
         hidden = hidden + (torch.rand_like(hidden) - 0.5) * feature_noise
     total = last.new_zeros((), dtype=torch.float32)
     metrics: dict[str, float] = {}
     alive = torch.ones(b, t, dtype=torch.bool, device=dev)
     accepts = []
+    # the labels of every unroll step are the same target rows, shifted: compute them once per batch
+    any_valid = shift_left(loss_mask, 1).bool()  # rows t whose distribution predicts a trained token
+    with torch.no_grad():
+        tgt_top = torch.zeros(b, t, dtype=torch.long, device=dev)
+        full_vocab = exact_acceptance or not eagle3
+        tgt_top[any_valid] = F.linear(last[any_valid], lm_weight if full_vocab else w_d).argmax(-1)
+        if eagle3 and not full_vocab:
+            tgt_top[any_valid] = vocab_ids[tgt_top[any_valid]]
+        if eagle3 and loss == "soft_ce":
+            tgt_probs = torch.zeros(b, t, w_d.shape[0], dtype=torch.float32, device=dev)
+            tgt_probs[any_valid] = torch.softmax(F.linear(last[any_valid], w_d).float(), -1)
     for i, out in ttt_unroll(head, embed_weight, hidden, input_ids, attention_mask, ttt_steps):
         valid = shift_left(loss_mask, 2 + i).bool()
         n = int(valid.sum())
@@ -114,15 +145,16 @@ def eagle_loss(
         if eagle3:
             draft_logits = head.logits(rows)  # [n, V_d]
             if loss == "soft_ce":
-                with torch.no_grad():
-                    p = torch.softmax(F.linear(tgt_rows, w_d).float(), -1)  # p restricted to V_d, renormalised
+                p = shift_left(tgt_probs, 1 + i)[valid]  # p restricted to V_d, renormalised
                 li = -(p * torch.log_softmax(draft_logits.float(), -1)).sum(-1).mean()
             else:
                 from draftsmith.distill.divergences import divergence
 
                 with torch.no_grad():
                     full = F.linear(tgt_rows, lm_weight).float()
-                li = divergence(loss, full, draft_logits, temperature=temperature, beta=beta, vocab_ids=vocab_ids)
+                li = divergence(
+                    loss, full, draft_logits, temperature=temperature, beta=beta, vocab_ids=vocab_ids
+                )
         else:
             reg = F.smooth_l1_loss(rows.float(), tgt_rows.float(), reduction="none").mean(-1).mean()
             ce = soft_ce_through_head(rows, tgt_rows, lm_weight) / n
@@ -131,12 +163,11 @@ def eagle_loss(
         total = total + decay**i * li
         metrics[f"loss_{i}"] = float(li.detach())
         with torch.no_grad():  # greedy acceptance at depth i, conditional on depths < i accepted
-            tgt_top = F.linear(tgt_rows, lm_weight).argmax(-1)
-            d_top = (head.logits(rows) if eagle3 else F.linear(rows, lm_weight)).argmax(-1)
+            d_top = (draft_logits if eagle3 else F.linear(rows, lm_weight)).argmax(-1)
             if eagle3:
                 d_top = vocab_ids[d_top]
             ok = torch.zeros(b, t, dtype=torch.bool, device=dev)
-            ok[valid] = d_top == tgt_top
+            ok[valid] = d_top == shift_left(tgt_top, 1 + i)[valid]
             prev = alive & valid
             metrics[f"acc_{i}"] = float((ok & prev).sum()) / max(int(prev.sum()), 1)
             metrics[f"top1_{i}"] = float(ok.sum()) / n

@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+from draftsmith.heads.common import chunked_ce, output_head, target_info
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.common import chunked_ce, output_head, target_info
 
 
 @dataclass
@@ -31,7 +31,9 @@ class MedusaConfig:
 
     def __post_init__(self):
         if self.num_heads < 1 or self.num_layers < 0:
-            raise DraftsmithError(f"medusa needs num_heads >= 1 and num_layers >= 0, got {self.num_heads}, {self.num_layers}")
+            raise DraftsmithError(
+                f"medusa needs num_heads >= 1 and num_layers >= 0, got {self.num_heads}, {self.num_layers}"
+            )
 
 
 class MedusaBlock(nn.Module):
@@ -59,14 +61,18 @@ class MedusaHeads(nn.Module):
         self.config = config
         self.target = target or {}
         h, v = config.hidden_size, config.vocab_size
-        self.blocks = nn.ModuleList(MedusaBlock(h, config.num_layers, config.medusa_fc_bias) for _ in range(config.num_heads))
+        self.blocks = nn.ModuleList(
+            MedusaBlock(h, config.num_layers, config.medusa_fc_bias) for _ in range(config.num_heads)
+        )
         self.lm_heads = nn.ModuleList(nn.Linear(h, v, bias=False) for _ in range(config.num_heads))
 
     @classmethod
     def from_target(cls, target_model, num_heads: int = 4, num_layers: int = 1) -> MedusaHeads:
         """New heads for `target_model`; vocab projections copied from its lm_head."""
         cfg = target_model.config
-        heads = cls(MedusaConfig(num_heads, num_layers, cfg.hidden_size, cfg.vocab_size), target_info(target_model))
+        heads = cls(
+            MedusaConfig(num_heads, num_layers, cfg.hidden_size, cfg.vocab_size), target_info(target_model)
+        )
         w = output_head(target_model).weight.detach()
         for lm in heads.lm_heads:
             lm.weight.data.copy_(w.float())
@@ -80,10 +86,20 @@ class MedusaHeads(nn.Module):
         """hidden [..., H] -> logits [K, ..., V]. Full logits: for decoding a few rows, not for training."""
         return torch.stack([lm(blk(hidden)) for blk, lm in zip(self.blocks, self.lm_heads)])
 
-    def loss(self, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, *, decay: float = 0.8,
-             chunk_size: int = 1024) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(
+        self,
+        hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        *,
+        decay: float = 0.8,
+        chunk_size: int = 1024,
+        max_rows: int = 0,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """Medusa-1 loss sum_k decay^k * CE_k (Medusa eq. 1), CE_k averaged over valid positions.
-        hidden [B, T, H] at positions t; input_ids/loss_mask [B, T]; head k's label at t is input_ids[t+2+k]."""
+        hidden [B, T, H] at positions t; input_ids/loss_mask [B, T]; head k's label at t is input_ids[t+2+k].
+        max_rows > 0: a uniform sample of that many positions per head (unbiased; the [H, V] projections dominate
+        the cost, so on a CPU this buys many more optimizer steps per second)."""
         hidden = hidden.to(self.lm_heads[0].weight.dtype)
         total = hidden.new_zeros((), dtype=torch.float32)
         metrics: dict[str, float] = {}
@@ -94,10 +110,14 @@ class MedusaHeads(nn.Module):
             labels = input_ids[:, shift:]
             valid = loss_mask[:, shift:].bool()
             rows = hidden[:, :-shift][valid]  # [N, H]
+            targets = labels[valid]
+            if max_rows and rows.shape[0] > max_rows:
+                pick = torch.randperm(rows.shape[0], device=rows.device)[:max_rows]
+                rows, targets = rows[pick], targets[pick]
             n = rows.shape[0]
             if n == 0:
                 continue
-            loss_sum, top1, topk = chunked_ce(blk(rows), lm.weight, labels[valid], chunk_size=chunk_size)
+            loss_sum, top1, topk = chunked_ce(blk(rows), lm.weight, targets, chunk_size=chunk_size)
             ce = loss_sum / n
             total = total + decay**k * ce
             metrics[f"head{k}/ce"] = float(ce.detach())

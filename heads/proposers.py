@@ -21,15 +21,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from draftsmith.decode.drafters import DRAFTERS, DrafterContext, parse_kv
 from draftsmith.decode.proposer import Proposal
-from draftsmith.errors import DraftsmithError
 from draftsmith.heads.common import base_decoder, output_head
 from draftsmith.heads.eagle import EagleHead
 from draftsmith.heads.io import load_head, read_accuracy
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.trees import chain_tree, medusa_tree, tree_parents
+
+from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams
 
 
@@ -70,7 +70,9 @@ class EagleProposer:
 
     def __init__(self, head: EagleHead, target, *, top_k: int = 8, depth: int = 6, total_tokens: int = 24):
         if top_k < 1 or depth < 1 or total_tokens < 1:
-            raise DraftsmithError(f"eagle needs top_k, depth, total_tokens >= 1, got {top_k}, {depth}, {total_tokens}")
+            raise DraftsmithError(
+                f"eagle needs top_k, depth, total_tokens >= 1, got {top_k}, {depth}, {total_tokens}"
+            )
         self.head, self.c = head, head.config
         self.top_k, self.depth, self.total = top_k, depth, total_tokens
         self.embed = base_decoder(target).embed_tokens.weight
@@ -99,8 +101,12 @@ class EagleProposer:
         pos = (start + torch.arange(n, device=toks.device))[None].expand(b, n)
         mask = torch.ones(n, start + n, dtype=torch.bool, device=toks.device)
         mask[:, start:] = torch.ones(n, n, dtype=torch.bool, device=toks.device).tril()
-        out, (k, v) = self.head.step(self.embed[toks], feats, pos, mask[None, None], kv_extra=self.kv, from_target=True)
-        self.kv = (k, v) if self.kv is None else (torch.cat([self.kv[0], k], 2), torch.cat([self.kv[1], v], 2))
+        out, (k, v) = self.head.step(
+            self.embed[toks], feats, pos, mask[None, None], kv_extra=self.kv, from_target=True
+        )
+        self.kv = (
+            (k, v) if self.kv is None else (torch.cat([self.kv[0], k], 2), torch.cat([self.kv[1], v], 2))
+        )
         self.pending = None
         return out[:, -1]  # [B, H]: its logits give the depth-1 candidates
 
@@ -118,7 +124,9 @@ class EagleProposer:
         # candidate nodes across all depths: draft-vocab index, cumulative log-prob, parent candidate (-1 = root)
         top = self._logp(self.root_out)[0].topk(self.top_k)  # batch 1 (leading dim kept in the protocol)
         frontier = torch.arange(self.top_k, device=dev)  # candidate ids of the nodes to expand next
-        frontier_out = self.root_out.expand(self.top_k, -1)  # parents' outputs (the layer input of their children)
+        frontier_out = self.root_out.expand(
+            self.top_k, -1
+        )  # parents' outputs (the layer input of their children)
         tree_k = tree_v = None  # keys of expanded nodes [1, h, M, D]
         anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # ancestor-or-self among expanded nodes [M, M]
         n_cand = self.top_k
@@ -131,21 +139,36 @@ class EagleProposer:
             toks = all_tok[frontier]
             ids = toks if self.vocab_ids is None else self.vocab_ids[toks]
             # rows: frontier nodes; each sees the context, its expanded ancestors and itself
-            par_rows = [expanded_ids.index(int(p)) if int(p) >= 0 else -1 for p in all_parent[frontier].tolist()]
+            par_rows = [
+                expanded_ids.index(int(p)) if int(p) >= 0 else -1 for p in all_parent[frontier].tolist()
+            ]
             new_anc = torch.zeros(len(par_rows), m0 + len(par_rows), dtype=torch.bool, device=dev)
             for r, pr in enumerate(par_rows):
                 if pr >= 0:
                     new_anc[r, :m0] = anc[pr]
                 new_anc[r, m0 + r] = True
             mask = torch.cat([torch.ones(len(par_rows), ctx_len, dtype=torch.bool, device=dev), new_anc], 1)
-            extra = self.kv if tree_k is None else (torch.cat([self.kv[0], tree_k], 2), torch.cat([self.kv[1], tree_v], 2))
+            extra = (
+                self.kv
+                if tree_k is None
+                else (torch.cat([self.kv[0], tree_k], 2), torch.cat([self.kv[1], tree_v], 2))
+            )
             pos = torch.full((1, len(par_rows)), ctx_len - 1 + d, device=dev)
-            out, (k_new, v_new) = self.head.step(self.embed[ids][None], frontier_out[None], pos, mask[None, None],
-                                                 kv_extra=extra, from_target=not self.eagle3)
+            out, (k_new, v_new) = self.head.step(
+                self.embed[ids][None],
+                frontier_out[None],
+                pos,
+                mask[None, None],
+                kv_extra=extra,
+                from_target=not self.eagle3,
+            )
             # EAGLE-1 always fuses [embed; feature] through fc; EAGLE-3 feeds its own output without fc
             tree_k = k_new if tree_k is None else torch.cat([tree_k, k_new], 2)
             tree_v = v_new if tree_v is None else torch.cat([tree_v, v_new], 2)
-            anc = torch.cat([torch.cat([anc, torch.zeros(m0, len(par_rows), dtype=torch.bool, device=dev)], 1), new_anc], 0)
+            anc = torch.cat(
+                [torch.cat([anc, torch.zeros(m0, len(par_rows), dtype=torch.bool, device=dev)], 1), new_anc],
+                0,
+            )
             expanded_ids += frontier.tolist()
             logp = self._logp(out[0])  # [F, V_d]
             child = logp.topk(self.top_k, dim=-1)
@@ -161,8 +184,10 @@ class EagleProposer:
             self._level_sizes.append(score.numel())
         # rerank every candidate by cumulative log-prob; the depth penalty breaks ties (log-prob 0.0) in favour
         # of parents, so a child never outranks its parent and the chosen set is closed under ancestors
-        depth_of = torch.cat([torch.zeros(self.top_k, device=dev)] + [
-            torch.full((n,), float(i + 1), device=dev) for i, n in enumerate(self._level_sizes)])
+        depth_of = torch.cat(
+            [torch.zeros(self.top_k, device=dev)]
+            + [torch.full((n,), float(i + 1), device=dev) for i, n in enumerate(self._level_sizes)]
+        )
         keep = (all_score - 1e-4 * depth_of).topk(min(self.total, n_cand)).indices.sort().values
         where = {c: i for i, c in enumerate(keep.tolist())}
         parents = [where[p] if p >= 0 else -1 for p in all_parent[keep].tolist()]
@@ -174,9 +199,13 @@ class EagleProposer:
 def _split(arg: str) -> tuple[str, str]:
     path, _, opts = arg.partition(",")
     if not path:
-        raise DraftsmithError("head drafters need a folder: medusa:DIR or eagle:DIR[,top_k=8,depth=6,total_tokens=24]")
+        raise DraftsmithError(
+            "head drafters need a folder: medusa:DIR or eagle:DIR[,top_k=8,depth=6,total_tokens=24]"
+        )
     if not Path(path).is_dir():
-        raise DraftsmithError(f"head folder {path} not found; pass the final/ folder written by train/heads.py")
+        raise DraftsmithError(
+            f"head folder {path} not found; pass the final/ folder written by train/heads.py"
+        )
     return path, opts
 
 

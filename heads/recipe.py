@@ -14,9 +14,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-
-from draftsmith.config import to_dict
-from draftsmith.errors import DraftsmithError
 from draftsmith.heads.data import epoch_batches, load_examples, split_examples
 from draftsmith.heads.eagle import EagleHead, default_aux_layers
 from draftsmith.heads.hidden import CacheSpec, HiddenStateCache, HiddenStates, build_cache, bytes_per_token
@@ -24,6 +21,9 @@ from draftsmith.heads.io import ACCURACY_FILE, save_head
 from draftsmith.heads.losses import EagleLoss
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.training import HeadTrainer, evaluate_heads
+
+from draftsmith.config import to_dict
+from draftsmith.errors import DraftsmithError
 from draftsmith.trainer import TrainArgs
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,8 @@ class LossSection:
     """EAGLE-1: width of uniform noise added to the input features (0.2 in EAGLE-1)."""
     ce_weight: float = 0.1
     """EAGLE-1: weight of the token CE next to the feature regression (weight 1)."""
+    max_rows: int = 0
+    """Medusa: positions sampled per head per micro-batch (0 = all); the vocab projections dominate the cost."""
 
 
 @dataclass
@@ -141,27 +143,43 @@ def build_head(cfg: HeadsConfig, target, train_examples: list[dict]) -> torch.nn
 
     v = target.config.vocab_size
     counts = token_counts((e["input_ids"] for e in train_examples), v)
-    special = {int(i) for i in (target.config.eos_token_id, target.config.bos_token_id, target.config.pad_token_id)
-               if isinstance(i, int)}
+    special = {
+        int(i)
+        for i in (target.config.eos_token_id, target.config.bos_token_id, target.config.pad_token_id)
+        if isinstance(i, int)
+    }
     vocab_ids = build_vocab_ids(counts, min(h.draft_vocab_size, v), always=sorted(special))
     n = target.config.num_hidden_layers
     aux = h.aux_layers or default_aux_layers(n)
     if len(aux) != 3 or not all(0 <= i <= n for i in aux):
         raise DraftsmithError(f"head.aux_layers must be 3 hidden_states indices in [0, {n}], got {aux}")
-    return EagleHead.from_target(target, "eagle3", draft_vocab_ids=vocab_ids, aux_layers=aux,
-                                 norm_before_residual=h.norm_before_residual, intermediate_size=h.intermediate_size)
+    return EagleHead.from_target(
+        target,
+        "eagle3",
+        draft_vocab_ids=vocab_ids,
+        aux_layers=aux,
+        norm_before_residual=h.norm_before_residual,
+        intermediate_size=h.intermediate_size,
+    )
 
 
-def run_heads(cfg: HeadsConfig, accelerator, *, resume: bool = False, overwrite: bool = False,
-              progress: bool = True) -> dict:
+def run_heads(
+    cfg: HeadsConfig, accelerator, *, resume: bool = False, overwrite: bool = False, progress: bool = True
+) -> dict:
     """Train a head per `cfg`; returns the trainer summary plus final_dir and cache bytes/token."""
     from draftsmith import models
     from draftsmith.trainer import run
 
     target = models.load_model(cfg.model.target, dtype=cfg.model.dtype, device=accelerator.device)
-    examples = load_examples(cfg.data.generated, max_length=cfg.data.max_length, limit=cfg.data.limit,
-                             loss_on_prompt=cfg.data.loss_on_prompt)
-    train_ex, eval_ex = split_examples(examples, cfg.data.eval_fraction, cfg.data.max_eval_examples, cfg.train.seed)
+    examples = load_examples(
+        cfg.data.generated,
+        max_length=cfg.data.max_length,
+        limit=cfg.data.limit,
+        loss_on_prompt=cfg.data.loss_on_prompt,
+    )
+    train_ex, eval_ex = split_examples(
+        examples, cfg.data.eval_fraction, cfg.data.max_eval_examples, cfg.train.seed
+    )
     head = build_head(cfg, target, train_ex).to(accelerator.device)
     kind = "eagle3" if cfg.head.kind == "eagle3" else ("eagle" if cfg.head.kind == "eagle" else "medusa")
     aux = list(head.config.aux_hidden_state_layer_ids) if kind == "eagle3" else []
@@ -170,15 +188,28 @@ def run_heads(cfg: HeadsConfig, accelerator, *, resume: bool = False, overwrite:
     if cfg.data.hidden_states != "online" and cfg.head.kind != "medusa2":
         spec = CacheSpec(kind, aux, target.config.hidden_size, cfg.data.cache_dtype)
         path = cfg.data.hidden_cache or str(Path(cfg.output_dir) / "hidden_cache")
-        cache = HiddenStateCache(path, spec, target, rank=accelerator.process_index, shard_size=cfg.data.shard_size)
+        cache = HiddenStateCache(
+            path, spec, target, rank=accelerator.process_index, shard_size=cfg.data.shard_size
+        )
         if cfg.data.hidden_states == "offline":
-            build_cache(target, train_ex, cache, batch_size=cfg.train.batch_size, progress=progress,
-                        rank=accelerator.process_index, world=accelerator.num_processes)
+            build_cache(
+                target,
+                train_ex,
+                cache,
+                batch_size=cfg.train.batch_size,
+                progress=progress,
+                rank=accelerator.process_index,
+                world=accelerator.num_processes,
+            )
             accelerator.wait_for_everyone()
-            cache = HiddenStateCache(path, spec, target, rank=accelerator.process_index, shard_size=cfg.data.shard_size)
+            cache = HiddenStateCache(
+                path, spec, target, rank=accelerator.process_index, shard_size=cfg.data.shard_size
+            )
     mode = cfg.data.hidden_states if cache is not None else "online"
-    hidden = HiddenStates(mode, target, aux, cache)
-    online = HiddenStates("online", target, aux)
+    # a reused EAGLE-3 cache (superset) makes hybrid runs of other kinds fill in all of its tensors
+    hidden = HiddenStates(mode, target, cache.spec.aux_layers if cache is not None else aux, cache)
+    # held-out eval: hybrid runs cache the eval rows too (read back at later evals); offline caches hold train rows only
+    online = hidden if mode == "hybrid" else HiddenStates("online", target, aux)
 
     medusa2 = None
     if cfg.head.kind == "medusa2":
@@ -199,7 +230,9 @@ def run_heads(cfg: HeadsConfig, accelerator, *, resume: bool = False, overwrite:
     def eval_fn(module: HeadTrainer) -> dict:
         if not eval_batches:
             return {}
-        res = evaluate_heads(module, eval_batches, online, eval_depth=cfg.eval.depth, tree_tokens=cfg.eval.tree_tokens)
+        res = evaluate_heads(
+            module, eval_batches, online, eval_depth=cfg.eval.depth, tree_tokens=cfg.eval.tree_tokens
+        )
         last_eval.clear()
         last_eval.update(res)
         return res
@@ -209,14 +242,33 @@ def run_heads(cfg: HeadsConfig, accelerator, *, resume: bool = False, overwrite:
         if medusa2 is not None:  # Medusa-2 changed the target: the adapter ships beside the heads
             module.target.save_pretrained(str(Path(out_dir) / "target_lora"))
 
-    bpt = bytes_per_token(kind, target.config.hidden_size, {"float16": torch.float16, "bfloat16": torch.bfloat16,
-                                                          "float32": torch.float32}[cfg.data.cache_dtype])
-    accelerator.print(f"{cfg.head.kind} head: {sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, "
-                      f"{len(train_ex)} train / {len(eval_ex)} held-out conversations, hidden states {mode} "
-                      f"({bpt} B/token cached)")
-    summary = run(accelerator, trainer_module, lambda m, b: m(b), epoch_batches(train_ex, cfg.train.batch_size,
-                  cfg.train.seed), cfg.train, cfg.output_dir, param_groups=groups, eval_fn=eval_fn, save_fn=save_fn,
-                  resume=resume, overwrite=overwrite, run_config=to_dict(cfg), progress=progress)
+    bpt = bytes_per_token(
+        kind,
+        target.config.hidden_size,
+        {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[
+            cfg.data.cache_dtype
+        ],
+    )
+    accelerator.print(
+        f"{cfg.head.kind} head: {sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, "
+        f"{len(train_ex)} train / {len(eval_ex)} held-out conversations, hidden states {mode} "
+        f"({bpt} B/token cached)"
+    )
+    summary = run(
+        accelerator,
+        trainer_module,
+        lambda m, b: m(b),
+        epoch_batches(train_ex, cfg.train.batch_size, cfg.train.seed),
+        cfg.train,
+        cfg.output_dir,
+        param_groups=groups,
+        eval_fn=eval_fn,
+        save_fn=save_fn,
+        resume=resume,
+        overwrite=overwrite,
+        run_config=to_dict(cfg),
+        progress=progress,
+    )
     if cache is not None:
         cache.flush()
         summary["cache_bytes"] = cache.disk_bytes()

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from draftsmith.acceptance import tau_from_conditional
 from draftsmith.heads.common import base_decoder, output_head
-from draftsmith.heads.eagle import EagleHead
 from draftsmith.heads.hidden import HiddenStates
 from draftsmith.heads.losses import eagle_loss
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.trees import chain_tree, expected_tau, medusa_tree
+from torch import nn
+
+from draftsmith.acceptance import tau_from_conditional
 
 RANKS = 10  # Medusa rank accuracies measured per head (the static tree picks from these)
 
@@ -45,15 +44,27 @@ class HeadTrainer(nn.Module):
             if self.medusa2 is not None:
                 return self._medusa2(ids, am, lm)
             feats = self.hidden(batch)
-            loss, m = self.head.loss(feats["last"], ids, lm, decay=self.loss_cfg.decay)
+            loss, m = self.head.loss(feats["last"], ids, lm, decay=self.loss_cfg.decay, max_rows=self.loss_cfg.max_rows)
         else:
             t = self.frozen_target
             feats = self.hidden(batch)
             c = self.loss_cfg
             loss, m = eagle_loss(
-                self.head, base_decoder(t).embed_tokens.weight, output_head(t).weight, feats, ids, am, lm,
-                ttt_steps=c.ttt_steps, decay=c.decay, loss=c.kind, temperature=c.temperature, beta=c.beta,
-                feature_noise=c.feature_noise, ce_weight=c.ce_weight,
+                self.head,
+                base_decoder(t).embed_tokens.weight,
+                output_head(t).weight,
+                feats,
+                ids,
+                am,
+                lm,
+                ttt_steps=c.ttt_steps,
+                decay=c.decay,
+                loss=c.kind,
+                temperature=c.temperature,
+                beta=c.beta,
+                feature_noise=c.feature_noise,
+                ce_weight=c.ce_weight,
+                exact_acceptance=False,  # training logs: within-draft-vocab agreement; the eval is exact
             )
         m["n_tokens"] = float(lm.sum())
         return loss, m
@@ -70,7 +81,7 @@ class HeadTrainer(nn.Module):
         warm = step < m2.warmup_head_steps
         with torch.set_grad_enabled(torch.is_grad_enabled() and not warm):
             h = dec(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
-        head_loss, m = self.head.loss(h, ids, lm, decay=self.loss_cfg.decay)
+        head_loss, m = self.head.loss(h, ids, lm, decay=self.loss_cfg.decay, max_rows=self.loss_cfg.max_rows)
         if warm:
             m["target_loss"] = 0.0
             return m2.lambda0 * head_loss, m
@@ -90,8 +101,9 @@ class HeadTrainer(nn.Module):
 
 
 @torch.no_grad()
-def evaluate_heads(trainer: HeadTrainer, batches: list[dict], hidden: HiddenStates, *, eval_depth: int,
-                   tree_tokens: int) -> dict:
+def evaluate_heads(
+    trainer: HeadTrainer, batches: list[dict], hidden: HiddenStates, *, eval_depth: int, tree_tokens: int
+) -> dict:
     """Held-out acceptance. Medusa: per-head rank accuracies against the TARGET's greedy token (what greedy
     verification accepts), chain and tree expected tau. EAGLE: per-depth conditional acceptance (training-time
     test unroll of eval_depth steps) and simulated tau = 1 + sum_i prod_{j<=i} a_j (bonus included)."""
@@ -105,7 +117,9 @@ def evaluate_heads(trainer: HeadTrainer, batches: list[dict], hidden: HiddenStat
             batch = {n: v.to(dev) for n, v in batch.items()}
             ids, am, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
             if trainer.medusa2 is not None:
-                h = base_decoder(trainer.target)(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
+                h = base_decoder(trainer.target)(
+                    input_ids=ids, attention_mask=am, use_cache=False
+                ).last_hidden_state
             else:
                 h = hidden(batch)["last"]
             lm_w = output_head(trainer.frozen_target).weight
@@ -122,9 +136,14 @@ def evaluate_heads(trainer: HeadTrainer, batches: list[dict], hidden: HiddenStat
         rank_acc = (hits / counts.clamp(min=1)[:, None]).tolist()
         chain = tau_from_conditional([row[0] for row in rank_acc])  # heads treated as independent
         paths = medusa_tree(rank_acc, tree_tokens)
-        out = {"head_top1": [r[0] for r in rank_acc], "head_top5": [sum(r[:5]) for r in rank_acc],
-               "rank_accuracy": rank_acc, "tau_chain": chain, "tau_tree": expected_tau(paths, rank_acc),
-               "tree_tokens": tree_tokens}
+        out = {
+            "head_top1": [r[0] for r in rank_acc],
+            "head_top5": [sum(r[:5]) for r in rank_acc],
+            "rank_accuracy": rank_acc,
+            "tau_chain": chain,
+            "tau_tree": expected_tau(paths, rank_acc),
+            "tree_tokens": tree_tokens,
+        }
         return out
     c = trainer.loss_cfg
     t = trainer.frozen_target
@@ -133,9 +152,21 @@ def evaluate_heads(trainer: HeadTrainer, batches: list[dict], hidden: HiddenStat
     for batch in batches:
         batch = {n: v.to(dev) for n, v in batch.items()}
         feats = hidden(batch)
-        _, m = eagle_loss(head, base_decoder(t).embed_tokens.weight, output_head(t).weight, feats, batch["input_ids"],
-                          batch["attention_mask"], batch["loss_mask"], ttt_steps=eval_depth, decay=c.decay, loss=c.kind,
-                          temperature=c.temperature, beta=c.beta, ce_weight=c.ce_weight)
+        _, m = eagle_loss(
+            head,
+            base_decoder(t).embed_tokens.weight,
+            output_head(t).weight,
+            feats,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["loss_mask"],
+            ttt_steps=eval_depth,
+            decay=c.decay,
+            loss=c.kind,
+            temperature=c.temperature,
+            beta=c.beta,
+            ce_weight=c.ce_weight,
+        )
         w = float(batch["loss_mask"].sum())
         for key, v in m.items():
             if key.startswith(("acc_", "top1_", "loss_")):
@@ -143,8 +174,11 @@ def evaluate_heads(trainer: HeadTrainer, batches: list[dict], hidden: HiddenStat
                 weights[key] = weights.get(key, 0.0) + w
     avg = {key: sums[key] / weights[key] for key in sums}
     acc = [avg[f"acc_{i}"] for i in range(eval_depth) if f"acc_{i}" in avg]
-    return {"acceptance_per_depth": acc, "tau_sim": tau_from_conditional(acc),
-            "loss_per_depth": [avg[f"loss_{i}"] for i in range(eval_depth) if f"loss_{i}" in avg]}
+    return {
+        "acceptance_per_depth": acc,
+        "tau_sim": tau_from_conditional(acc),
+        "loss_per_depth": [avg[f"loss_{i}"] for i in range(eval_depth) if f"loss_{i}" in avg],
+    }
 
 
 __all__ = ["HeadTrainer", "chain_tree", "evaluate_heads"]

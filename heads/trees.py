@@ -13,12 +13,16 @@ import heapq
 from collections.abc import Sequence
 
 
-def medusa_tree(acc: Sequence[Sequence[float]], total_tokens: int, max_depth: int | None = None) -> list[tuple[int, ...]]:
+def medusa_tree(
+    acc: Sequence[Sequence[float]], total_tokens: int, max_depth: int | None = None
+) -> list[tuple[int, ...]]:
     """Choose `total_tokens` paths maximising expected accepted length. acc [heads][ranks] -> paths sorted so
     parents precede children (by depth, then probability)."""
     depth_cap = min(len(acc), max_depth or len(acc))
     chosen: list[tuple[float, tuple[int, ...]]] = []
-    heap: list[tuple[float, tuple[int, ...]]] = [(-acc[0][r], (r,)) for r in range(len(acc[0])) if acc[0][r] > 0]
+    heap: list[tuple[float, tuple[int, ...]]] = [
+        (-acc[0][r], (r,)) for r in range(len(acc[0])) if acc[0][r] > 0
+    ]
     heapq.heapify(heap)
     while heap and len(chosen) < total_tokens:
         neg, path = heapq.heappop(heap)

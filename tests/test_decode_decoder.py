@@ -252,3 +252,16 @@ def test_static_cache_path_is_lossless(tiny_target, tiny_draft, reference):
     assert dec.generate(PROMPT, None, max_new_tokens=NEW).tokens == reference
     for prop in (DraftModelProposer(tiny_draft, 384), TreeOracle(reference, seed=7)):
         assert dec.generate(PROMPT, prop, k=4, max_new_tokens=NEW).tokens == reference, prop.name
+
+
+def test_ngram_lookup_picks_most_recent_longest_match():
+    prop = NGramProposer(max_n=3, min_n=1)
+    #                    0  1  2  3  4  5  6  7  8  9 10 11
+    prop.begin(torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 4, 3, 6, 7]]), None)
+    # last 3 tokens [3, 6, 7] never occurred; last 2 [6, 7] occurred at 1 and 6 -> most recent (6) -> propose 4, 3, 6
+    assert prop.propose(3).tokens.tolist() == [[4, 3, 6]]
+    assert prop.propose(10).tokens.tolist() == [[4, 3, 6, 7]]  # clipped at the end of the context
+    prop.advance([], torch.tensor([[42]]), None)
+    assert prop.propose(3).num_nodes == 0  # 42 never seen: empty proposal (a plain step)
+    prop.advance([], torch.tensor([[9, 5]]), None)
+    assert prop.propose(2).tokens.tolist() == [[6, 7]]  # [9, 5] matched at 4..5

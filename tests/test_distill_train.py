@@ -2,9 +2,9 @@ import json
 
 import pytest
 import torch
+from draftsmith.distill.recipe import DistillConfig, run_distill
 
 from draftsmith.config import load_config
-from draftsmith.distill.recipe import DistillConfig, run_distill
 from draftsmith.errors import DraftsmithError
 from draftsmith.trainer import list_checkpoints, make_accelerator
 
@@ -41,17 +41,24 @@ def _events(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_distill_reduced_vocab_writes_hf_draft_and_resumes(tiny_dirs, gen_dir, tmp_path, tiny_target, tiny_tokenizer):
-    from transformers import AutoModelForCausalLM
-
+def test_distill_reduced_vocab_writes_hf_draft_and_resumes(
+    tiny_dirs, gen_dir, tmp_path, tiny_target, tiny_tokenizer
+):
     from draftsmith.distill.vocab import load_draft_vocab
+    from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
     cfg = _cfg(tiny_dirs, gen_dir, out, "model.vocab_size=96", "loss.kind=fkl")
     res = run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
     assert res["step"] == 2
     final = out / "final"
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "draft_vocab.safetensors", "draftsmith_draft.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "draft_vocab.safetensors",
+        "draftsmith_draft.json",
+    ):
         assert (final / name).is_file(), name
     vocab_ids = load_draft_vocab(final)
     assert vocab_ids.numel() == 96 and 2 in vocab_ids.tolist()  # eos always kept
@@ -63,14 +70,22 @@ def test_distill_reduced_vocab_writes_hf_draft_and_resumes(tiny_dirs, gen_dir, t
     assert [e["step"] for e in evals] == [0, 2]
     for e in evals:
         held = e["heldout"]
-        assert 0 <= held["alpha"] <= 1 and 0 <= held["top1"] <= 1 and set(held["tau"]) == {str(k) for k in range(1, 9)}
+        assert (
+            0 <= held["alpha"] <= 1
+            and 0 <= held["top1"] <= 1
+            and set(held["tau"]) == {str(k) for k in range(1, 9)}
+        )
         assert held["tau_greedy"]["4"] == pytest.approx(sum(held["top1"] ** i for i in range(5)))
     # transformers assisted generation with the draft reproduces the target's greedy output
     from draftsmith.prompts import Prompt, prompt_ids
 
-    ids = torch.tensor([prompt_ids(tiny_tokenizer, Prompt([{"role": "user", "content": "Tell me about 3."}]))])
+    ids = torch.tensor(
+        [prompt_ids(tiny_tokenizer, Prompt([{"role": "user", "content": "Tell me about 3."}]))]
+    )
     plain = tiny_target.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=2)
-    assisted = tiny_target.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=2, assistant_model=draft.eval())
+    assisted = tiny_target.generate(
+        ids, max_new_tokens=12, do_sample=False, pad_token_id=2, assistant_model=draft.eval()
+    )
     assert torch.equal(plain, assisted)
     # resume with a longer budget: the step count continues from the newest checkpoint
     cfg4 = _cfg(tiny_dirs, gen_dir, out, "model.vocab_size=96", "loss.kind=fkl", "train.max_steps=4")
@@ -86,9 +101,17 @@ def test_distill_reduced_vocab_writes_hf_draft_and_resumes(tiny_dirs, gen_dir, t
 
 @pytest.mark.parametrize("policy,loss", [("on_policy", "jsd"), ("mixture", "lk")])
 def test_on_policy_and_mixture_train(tiny_dirs, gen_dir, tmp_path, policy, loss):
-    cfg = _cfg(tiny_dirs, gen_dir, tmp_path / policy, f"data.policy={policy}", f"loss.kind={loss}",
-               "data.on_policy_max_new_tokens=4", "data.on_policy_fraction=0.5", "model.vocab_size=80",
-               "train.save_every=0")
+    cfg = _cfg(
+        tiny_dirs,
+        gen_dir,
+        tmp_path / policy,
+        f"data.policy={policy}",
+        f"loss.kind={loss}",
+        "data.on_policy_max_new_tokens=4",
+        "data.on_policy_fraction=0.5",
+        "model.vocab_size=80",
+        "train.save_every=0",
+    )
     res = run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
     train_ev = [e for e in _events(tmp_path / policy) if e["event"] == "train"]
     assert res["step"] == 2 and all(torch.isfinite(torch.tensor(e["loss"])) for e in train_ev)
@@ -99,14 +122,24 @@ def test_on_policy_and_mixture_train(tiny_dirs, gen_dir, tmp_path, policy, loss)
 def test_existing_lora_draft_is_checked_and_merged(tiny_dirs, gen_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    cfg = _cfg(tiny_dirs, gen_dir, tmp_path / "lora", "model.init=existing", f"model.draft={tiny_dirs['draft']}",
-               "model.lora.enabled=true", "model.lora.r=4", "train.save_every=0")
+    cfg = _cfg(
+        tiny_dirs,
+        gen_dir,
+        tmp_path / "lora",
+        "model.init=existing",
+        f"model.draft={tiny_dirs['draft']}",
+        "model.lora.enabled=true",
+        "model.lora.r=4",
+        "train.save_every=0",
+    )
     run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora" / "final")
     assert not any("lora" in k for k in merged.state_dict())
     base = AutoModelForCausalLM.from_pretrained(tiny_dirs["draft"])
-    diff = [not torch.equal(a, b) for (_, a), (_, b) in zip(sorted(merged.state_dict().items()),
-                                                            sorted(base.state_dict().items()))]
+    diff = [
+        not torch.equal(a, b)
+        for (_, a), (_, b) in zip(sorted(merged.state_dict().items()), sorted(base.state_dict().items()))
+    ]
     assert any(diff)  # the adapters were trained and merged in
 
 
@@ -121,6 +154,7 @@ def test_distill_bad_inputs(tiny_dirs, gen_dir, tmp_path):
         (["data.eval_size=50"], "cannot hold out"),
         (["model.init=existing"], "model.draft"),
         (["data.max_length=4"], "max_length"),
+        (["push_to_hub=not a/valid//repo"], "repo"),
     ]:
         cfg = _cfg(tiny_dirs, gen_dir, tmp_path / "x", *extra)
         with pytest.raises(DraftsmithError, match=match):
@@ -153,7 +187,9 @@ def test_policies_deal_deterministic_batches_and_mixture_fraction():
     e0, e0b, e1 = pol(0), pol(0), pol(1)
     assert [[x.id for x in b.examples] for b in e0] == [[x.id for x in b.examples] for b in e0b]  # resumable
     assert [[x.id for x in b.examples] for b in e0] != [[x.id for x in b.examples] for b in e1]  # reshuffled
-    assert sorted(x.id for b in e0 for x in b.examples) == sorted(e.id for e in train) and not any(b.on_policy for b in e0)
+    assert sorted(x.id for b in e0 for x in b.examples) == sorted(e.id for e in train) and not any(
+        b.on_policy for b in e0
+    )
     mix = DataPolicy("mixture", exs * 10, batch_size=2, pad_id=0, eos_ids=[2], on_policy_fraction=0.3)
     frac = sum(b.on_policy for b in mix(0)) / len(mix(0))
     assert 0.2 < frac < 0.4
@@ -168,8 +204,15 @@ def test_fixed_policy_reads_prompt_response_files(tmp_path, tiny_tokenizer):
     from draftsmith.distill.policies import examples_from_file
 
     f = tmp_path / "sft.jsonl"
-    f.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
-                 + "\n" + json.dumps({"prompt": "2+2?", "response": "4"}) + "\n" + json.dumps({"prompt": "no answer"}))
+    f.write_text(
+        json.dumps(
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+        )
+        + "\n"
+        + json.dumps({"prompt": "2+2?", "response": "4"})
+        + "\n"
+        + json.dumps({"prompt": "no answer"})
+    )
     exs = examples_from_file(f, tiny_tokenizer)
     assert len(exs) == 2
     assert tiny_tokenizer.decode(exs[0].response_ids) == "hello<|im_end|>"
@@ -181,8 +224,58 @@ def test_on_policy_samples_stay_in_the_draft_vocab(tiny_draft):
 
     vocab_ids = torch.tensor(sorted({2, *range(100, 140)}))
     torch.manual_seed(0)
-    out = sample_responses(tiny_draft, [[1, 50, 60], [1, 70]], max_new_tokens=12, temperature=1.0, eos_ids=[2],
-                           pad_id=2, vocab_ids=vocab_ids)
+    out = sample_responses(
+        tiny_draft,
+        [[1, 50, 60], [1, 70]],
+        max_new_tokens=12,
+        temperature=1.0,
+        eos_ids=[2],
+        pad_id=2,
+        vocab_ids=vocab_ids,
+    )
     assert len(out) == 2 and all(1 <= len(r) <= 12 for r in out)
     assert all(t in set(vocab_ids.tolist()) for r in out for t in r)
     assert all(2 not in r[:-1] for r in out)  # cut right after eos
+
+
+def test_cached_target_topk_equals_online_target_when_k_is_the_vocab(tiny_dirs, gen_dir, tiny_target):
+    from draftsmith.distill.policies import DataPolicy, cache_target_topk, examples_from_generated
+    from draftsmith.distill.recipe import DraftLM, LossArgs, make_loss_fn
+
+    from draftsmith.testing import tiny_llama
+
+    exs = examples_from_generated(gen_dir)[:4]
+    vocab = tiny_target.config.vocab_size
+    draft = DraftLM(tiny_llama(seed=3, num_hidden_layers=1), None)
+    online = DataPolicy("target", [e for e in exs], 4, pad_id=2, eos_ids=[2], max_length=64)
+    raw = online(0)[0]
+    loss_online, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))(draft, raw)
+    cache_target_topk(tiny_target, exs, vocab, pad_id=2, max_length=64, progress=False)
+    batch = online.materialize(raw)
+    assert batch["target_topk_values"].shape == (int(batch["loss_mask"].sum()), vocab)
+    loss_cached, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))(draft, raw)
+    torch.testing.assert_close(loss_cached, loss_online, atol=2e-3, rtol=2e-3)  # fp16 storage of the logits
+    cache_target_topk(tiny_target, exs, 8, pad_id=2, max_length=64, progress=False)
+    loss_top8, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))(draft, raw)
+    assert torch.isfinite(loss_top8) and not torch.allclose(loss_top8, loss_online)
+
+
+def test_tied_embeddings_draft_checkpoints_and_resumes(tmp_path, gen_dir):
+    # SmolLM2 ties lm_head to the embeddings: accelerate drops the shared tensor when saving state; the resumed
+    # draft must still be tied and continue
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.testing import save_tiny
+
+    target = str(save_tiny(tmp_path / "tied", seed=0, tie_word_embeddings=True))
+    dirs = {"target": target}
+    out = tmp_path / "run"
+    cfg = _cfg(dirs, gen_dir, out, "model.vocab_size=64", "data.cache_target_topk=16")
+    run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
+    cfg3 = _cfg(dirs, gen_dir, out, "model.vocab_size=64", "data.cache_target_topk=16", "train.max_steps=3")
+    assert run_distill(cfg3, make_accelerator(cfg3.train, cpu=True), resume=True, progress=False)["step"] == 3
+    draft = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert draft.lm_head.weight.data_ptr() == draft.model.embed_tokens.weight.data_ptr()
+    trained_row = draft.model.embed_tokens.weight
+    base = AutoModelForCausalLM.from_pretrained(target).model.embed_tokens.weight
+    assert not torch.equal(trained_row, base)

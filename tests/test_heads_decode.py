@@ -4,14 +4,14 @@ import json
 
 import pytest
 import torch
-
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposer import node_depths, tree_attention_mask
-from draftsmith.errors import DraftsmithError
 from draftsmith.heads import EagleHead, MedusaHeads, save_head
 from draftsmith.heads.io import ACCURACY_FILE
 from draftsmith.heads.proposers import EagleProposer, MedusaProposer
 from draftsmith.heads.trees import medusa_tree
+
+from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams
 
 AUX = [0, 1, 2]
@@ -24,7 +24,9 @@ def _proposers(target):
     with torch.no_grad():  # untrained but not the identity: heads disagree with the target
         for blk in medusa.blocks:
             blk.layers[0].weight.normal_(0, 0.5)
-    e3 = EagleHead.from_target(target, "eagle3", draft_vocab_ids=torch.arange(0, 384, 2), aux_layers=AUX).eval()
+    e3 = EagleHead.from_target(
+        target, "eagle3", draft_vocab_ids=torch.arange(0, 384, 2), aux_layers=AUX
+    ).eval()
     e1 = EagleHead.from_target(target, "eagle").eval()
     return {
         "medusa-tree": MedusaProposer(medusa, 2, medusa_tree(ACC, 10)),
@@ -73,8 +75,13 @@ def test_eagle_tree_mask_equals_per_path_recompute(tiny_target):
         depths = torch.tensor([0, *node_depths(p.parents)])
         block = torch.cat([root, p.tokens], 1)
         mask = tree_attention_mask(p.parents, prefix.shape[1], torch.float32, "cpu")
-        tree_logits = tiny_target(block, cache=cache, use_cache=True, attention_mask=mask,
-                                  position_ids=(prefix.shape[1] + depths)[None]).logits
+        tree_logits = tiny_target(
+            block,
+            cache=cache,
+            use_cache=True,
+            attention_mask=mask,
+            position_ids=(prefix.shape[1] + depths)[None],
+        ).logits
         for i in range(p.num_nodes):
             path, j = [], i
             while j >= 0:
@@ -95,11 +102,31 @@ def test_eval_cli_with_head_drafters(tiny_dirs, tmp_path, capsys):
     medusa = MedusaHeads.from_target(target, 3, 1)
     save_head(medusa, tmp_path / "m", extra_json={ACCURACY_FILE: {"rank_accuracy": ACC}})
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": f"say {w}", "category": "x"}) for w in ("hi", "sea")) + "\n")
+    prompts.write_text(
+        "\n".join(json.dumps({"prompt": f"say {w}", "category": "x"}) for w in ("hi", "sea")) + "\n"
+    )
     for spec in (f"eagle:{tmp_path / 'e3'},top_k=3,depth=3,total_tokens=8", f"medusa:{tmp_path / 'm'}"):
         out = tmp_path / spec.split(":")[0]
-        rc = main(["eval", "--target", tiny_dirs["target"], "--drafter", spec, "--prompts", str(prompts),
-                   "--max-new-tokens", "16", "--k", "3", "--out", str(out), "--no-progress", "--device", "cpu"])
+        rc = main(
+            [
+                "eval",
+                "--target",
+                tiny_dirs["target"],
+                "--drafter",
+                spec,
+                "--prompts",
+                str(prompts),
+                "--max-new-tokens",
+                "16",
+                "--k",
+                "3",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+        )
         assert rc == 0
         res = json.loads((out / "eval.json").read_text())
         assert res["lossless"] is True and res["tau"] >= 1.0
@@ -109,8 +136,23 @@ def test_eval_cli_with_head_drafters(tiny_dirs, tmp_path, capsys):
     from draftsmith.testing import save_tiny
 
     save_tiny(other, seed=7)
-    assert main(["eval", "--target", str(other), "--drafter", f"eagle:{tmp_path / 'e3'}", "--prompts", str(prompts),
-                 "--no-progress", "--device", "cpu"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--target",
+                str(other),
+                "--drafter",
+                f"eagle:{tmp_path / 'e3'}",
+                "--prompts",
+                str(prompts),
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 2
+    )
     assert "weights differ" in capsys.readouterr().err
 
 

@@ -4,13 +4,13 @@ import json
 
 import pytest
 import torch
-
-from draftsmith.errors import DraftsmithError
 from draftsmith.heads import EagleHead, MedusaHeads, load_head, save_head
 from draftsmith.heads.hidden import target_features
 from draftsmith.heads.losses import eagle_loss, ttt_unroll
 from draftsmith.heads.proposers import EagleProposer
 from draftsmith.heads.trees import expected_tau, medusa_tree, tree_parents
+
+from draftsmith.errors import DraftsmithError
 from draftsmith.testing import tiny_llama
 
 AUX = [0, 1, 2]
@@ -81,19 +81,41 @@ def test_save_load_round_trip_reproduces_logits(tiny_target, tmp_path, kind):
     ids = torch.randint(3, 300, (1, 5))
     feats = target_features(tiny_target, ids, torch.ones_like(ids), AUX if kind == "eagle3" else [])
     hid = feats["aux"] if kind == "eagle3" else feats["last"]
-    a = [o for _, o in ttt_unroll(head.eval(), tiny_target.model.embed_tokens.weight, hid, ids, torch.ones_like(ids), 2)]
-    b = [o for _, o in ttt_unroll(loaded, tiny_target.model.embed_tokens.weight, hid, ids, torch.ones_like(ids), 2)]
+    a = [
+        o
+        for _, o in ttt_unroll(
+            head.eval(), tiny_target.model.embed_tokens.weight, hid, ids, torch.ones_like(ids), 2
+        )
+    ]
+    b = [
+        o
+        for _, o in ttt_unroll(
+            loaded, tiny_target.model.embed_tokens.weight, hid, ids, torch.ones_like(ids), 2
+        )
+    ]
     for x1, x2 in zip(a, b):
-        torch.testing.assert_close(head.logits(x1, tiny_target.lm_head.weight), loaded.logits(x2, tiny_target.lm_head.weight))
+        torch.testing.assert_close(
+            head.logits(x1, tiny_target.lm_head.weight), loaded.logits(x2, tiny_target.lm_head.weight)
+        )
     if kind == "eagle3":
         assert torch.equal(loaded.vocab_ids, head.vocab_ids) and loaded.t2d.sum() == head.d2t.numel()
 
 
 def test_eagle3_native_tensor_names(tiny_target):
     names = set(_eagle3(tiny_target).state_dict())
-    want = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight",
-            "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight"}
-    want |= {f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"} | {f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    want = {
+        "fc.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+        "midlayer.hidden_norm.weight",
+        "midlayer.input_layernorm.weight",
+        "midlayer.post_attention_layernorm.weight",
+    }
+    want |= {f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"} | {
+        f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")
+    }
     assert names == want
     head = _eagle3(tiny_target)
     assert head.fc.weight.shape == (64, 3 * 64) and head.midlayer.self_attn.q_proj.weight.shape[1] == 128
@@ -125,7 +147,9 @@ def test_load_rejects_bad_folders(tiny_target, tmp_path):
 def test_training_time_test_matches_decode_time_drafting(tiny_target, kind):
     """The TTT unroll (training) and the proposer's cached chain drafting (decode) compute the same thing: feed the
     proposer's own greedy chain back as teacher-forced tokens and the unroll must predict that chain."""
-    head = _randomize(_eagle3(tiny_target) if kind == "eagle3" else EagleHead.from_target(tiny_target, "eagle")).eval()
+    head = _randomize(
+        _eagle3(tiny_target) if kind == "eagle3" else EagleHead.from_target(tiny_target, "eagle")
+    ).eval()
     layers = AUX if kind == "eagle3" else [2]
     prop = EagleProposer(head, tiny_target, top_k=1, depth=3, total_tokens=3)
     seen = []  # the head outputs the proposer turns into draft logits, depth by depth
@@ -140,7 +164,9 @@ def test_training_time_test_matches_decode_time_drafting(tiny_target, kind):
         feats = target_features(tiny_target, seq, torch.ones_like(seq), AUX if kind == "eagle3" else [])
         hid = feats["aux"] if kind == "eagle3" else feats["last"]
         col = ctx.shape[1] - 2  # last context entry: (feature at 7, token 8)
-        for i, out in ttt_unroll(head, tiny_target.model.embed_tokens.weight, hid, seq, torch.ones_like(seq), 3):
+        for i, out in ttt_unroll(
+            head, tiny_target.model.embed_tokens.weight, hid, seq, torch.ones_like(seq), 3
+        ):
             torch.testing.assert_close(out[0, col], seen[i], rtol=2e-3, atol=2e-3)
             top = head.logits(out[0, col], tiny_target.lm_head.weight).argmax()
             tok = head.vocab_ids[top] if kind == "eagle3" else top
@@ -154,15 +180,32 @@ def test_eagle_loss_backward_and_acceptance_metrics(tiny_target):
     lm = am.clone()
     lm[:, :3] = 0
     feats = target_features(tiny_target, ids, am, AUX)
-    loss, m = eagle_loss(head.train(), tiny_target.model.embed_tokens.weight, tiny_target.lm_head.weight, feats, ids, am,
-                         lm, ttt_steps=3)
+    loss, m = eagle_loss(
+        head.train(),
+        tiny_target.model.embed_tokens.weight,
+        tiny_target.lm_head.weight,
+        feats,
+        ids,
+        am,
+        lm,
+        ttt_steps=3,
+    )
     loss.backward()
     assert head.fc.weight.grad is not None and head.fc.weight.grad.abs().sum() > 0
     assert {"acc_0", "acc_2", "tau_sim", "loss_1"} <= set(m)
     assert 1.0 <= m["tau_sim"] <= 4.0
     # a "draft" that copies the target exactly has acceptance 1 at depth 0
-    loss2, m2 = eagle_loss(head, tiny_target.model.embed_tokens.weight, tiny_target.lm_head.weight, feats, ids, am, lm,
-                           ttt_steps=1, loss="tvd")
+    loss2, m2 = eagle_loss(
+        head,
+        tiny_target.model.embed_tokens.weight,
+        tiny_target.lm_head.weight,
+        feats,
+        ids,
+        am,
+        lm,
+        ttt_steps=1,
+        loss="tvd",
+    )
     assert torch.isfinite(loss2)
 
 
@@ -174,5 +217,6 @@ def test_medusa_tree_from_accuracies():
     assert all(p < i for i, p in enumerate(parents))
     # greedy choice: no unchosen frontier node is more probable than a chosen one
     assert expected_tau(paths, acc) > expected_tau([(0,), (0, 0), (0, 0, 0)], acc)
-    assert expected_tau(paths, acc) == pytest.approx(1 + sum(
-        __import__("math").prod(acc[j][r] for j, r in enumerate(p)) for p in paths))
+    assert expected_tau(paths, acc) == pytest.approx(
+        1 + sum(__import__("math").prod(acc[j][r] for j, r in enumerate(p)) for p in paths)
+    )

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from draftsmith.distill.recipe import DistillConfig, run_distill
 
 from draftsmith.config import load_config, to_dict
-from draftsmith.distill.recipe import DistillConfig, run_distill
 from draftsmith.trainer import make_accelerator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,9 +31,15 @@ def gen_dir(tmp_path_factory, tiny_dirs):
 
 def test_recipes_exist_and_open_with_launch_command():
     names = {p.name for p in RECIPES}
-    assert {"smollm2-135m-quickstart.yaml", "qwen2.5-7b-to-0.5b-lora.yaml", "llama3.1-8b-to-3.2-1b.yaml"} <= names
+    assert {
+        "smollm2-135m-quickstart.yaml",
+        "qwen2.5-7b-to-0.5b-lora.yaml",
+        "llama3.1-8b-to-3.2-1b.yaml",
+    } <= names
     for p in RECIPES:
-        assert p.read_text().startswith("#") and "train/distill.py --config recipes/" + p.name in p.read_text()
+        assert (
+            p.read_text().startswith("#") and "train/distill.py --config recipes/" + p.name in p.read_text()
+        )
     assert {p.stem for p in ACCEL} >= {"single_gpu", "ddp", "fsdp", "zero2", "zero3", "cpu_2proc"}
 
 
@@ -62,10 +68,23 @@ def test_quickstart_recipe_matches_quickstart_command():
 
 
 def _tiny_overrides(tiny_dirs, gen_dir, out, cfg):
-    ov = [f"model.target={tiny_dirs['target']}", f"data.source={gen_dir}", f"output_dir={out}", "data.eval_size=2",
-          "data.max_length=48", "data.on_policy_max_new_tokens=4", "train.batch_size=2", "train.grad_accum=1",
-          "train.max_steps=2", "train.save_every=1", "train.eval_every=0", "train.warmup_steps=0",
-          "train.mixed_precision=no", "loss.chunk_size=16", "model.dtype=fp32"]
+    ov = [
+        f"model.target={tiny_dirs['target']}",
+        f"data.source={gen_dir}",
+        f"output_dir={out}",
+        "data.eval_size=2",
+        "data.max_length=48",
+        "data.on_policy_max_new_tokens=4",
+        "train.batch_size=2",
+        "train.grad_accum=1",
+        "train.max_steps=2",
+        "train.save_every=1",
+        "train.eval_every=0",
+        "train.warmup_steps=0",
+        "train.mixed_precision=no",
+        "loss.chunk_size=16",
+        "model.dtype=fp32",
+    ]
     if cfg.model.init == "existing":
         ov.append(f"model.draft={tiny_dirs['draft']}")
     if cfg.model.init == "shrink":
@@ -82,7 +101,9 @@ def test_recipe_runs_two_steps_and_resumes(recipe, tiny_dirs, gen_dir, tmp_path)
     cfg = load_config(DistillConfig, recipe, ov)
     res = run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
     assert res["step"] == 2 and (tmp_path / "run" / "final" / "config.json").is_file()
-    assert (tmp_path / "run" / "run.yaml").is_file() and (tmp_path / "run" / "checkpoints" / "step-0000002").is_dir()
+    assert (tmp_path / "run" / "run.yaml").is_file() and (
+        tmp_path / "run" / "checkpoints" / "step-0000002"
+    ).is_dir()
     cfg3 = load_config(DistillConfig, recipe, ov + ["train.max_steps=3"])
     assert run_distill(cfg3, make_accelerator(cfg3.train, cpu=True), resume=True, progress=False)["step"] == 3
 
@@ -93,9 +114,22 @@ def test_two_cpu_processes_with_accelerate_launch(tiny_dirs, gen_dir, tmp_path):
     recipe = ROOT / "recipes" / "smollm2-135m-quickstart.yaml"
     ov = _tiny_overrides(tiny_dirs, gen_dir, out, load_config(DistillConfig, recipe))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(ROOT / "recipes" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "29561",
-           str(ROOT / "train" / "distill.py"), "--config", str(recipe), "--no-progress", *ov, "train.max_steps=3", "train.log_every=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "recipes" / "accelerate" / "cpu_2proc.yaml"),
+        "--main_process_port",
+        "29561",
+        str(ROOT / "train" / "distill.py"),
+        "--config",
+        str(recipe),
+        "--no-progress",
+        *ov,
+        "train.max_steps=3",
+        "train.log_every=1",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "done: step 3" in proc.stdout

@@ -9,7 +9,10 @@ from draftsmith.selfdistill import data_files, generate_dataset, load_generated
 @pytest.fixture
 def prompt_file(tmp_path):
     f = tmp_path / "prompts.jsonl"
-    rows = [{"prompt": f"Question {i}: what is {i} plus {i}?", "category": "math" if i % 2 else "chat"} for i in range(7)]
+    rows = [
+        {"prompt": f"Question {i}: what is {i} plus {i}?", "category": "math" if i % 2 else "chat"}
+        for i in range(7)
+    ]
     f.write_text("\n".join(json.dumps(r) for r in rows))
     return str(f)
 
@@ -88,8 +91,28 @@ def test_generate_cli(tiny_dirs, prompt_file, tmp_path, capsys):
     from draftsmith.cli import main
 
     out = tmp_path / "cli"
-    rc = main(["generate", "--target", tiny_dirs["target"], "--prompts", prompt_file, "--out", str(out),
-               "--max-new-tokens", "4", "--limit", "3", "--temperature", "0.8", "--top-p", "0.9"])
+    rc = main(
+        [
+            "generate",
+            "--target",
+            tiny_dirs["target"],
+            "--prompts",
+            prompt_file,
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            "4",
+            "--limit",
+            "3",
+            "--temperature",
+            "0.8",
+            "--top-p",
+            "0.9",
+        ]
+    )
     assert rc == 0 and "3 rows" in capsys.readouterr().out
-    assert main(["generate", "--target", tiny_dirs["target"], "--prompts", "builtin:vicuna", "--out", str(out)]) == 2
+    assert (
+        main(["generate", "--target", tiny_dirs["target"], "--prompts", "builtin:vicuna", "--out", str(out)])
+        == 2
+    )
     assert "evaluation set" in capsys.readouterr().err

@@ -50,15 +50,35 @@ def loss_fn(seen, kill_at=None):
 
 
 def _run(out, seen, resume=False, overwrite=False, cfg=None, kill_at=None, kw_steps=None, **kw):
-    args = TrainArgs(**{"max_steps": 6, "lr": 0.05, "log_every": 1, "save_every": 2, "keep_checkpoints": 2,
-                        "grad_accum": 2, "warmup_steps": 1, **kw})
+    args = TrainArgs(
+        **{
+            "max_steps": 6,
+            "lr": 0.05,
+            "log_every": 1,
+            "save_every": 2,
+            "keep_checkpoints": 2,
+            "grad_accum": 2,
+            "warmup_steps": 1,
+            **kw,
+        }
+    )
     model = Toy()
     evals = []
     kw_run = {"before_step": kw_steps.append} if kw_steps is not None else {}
-    res = run(make_accelerator(args, cpu=True), model, loss_fn(seen, kill_at), batches, args, out,
-              eval_fn=lambda m: evals.append(1) or {"w0": float(m.lin.weight[0, 0])},
-              resume=resume, overwrite=overwrite, run_config=cfg or {"a": 1, "train": {"max_steps": args.max_steps}},
-              progress=False, **kw_run)
+    res = run(
+        make_accelerator(args, cpu=True),
+        model,
+        loss_fn(seen, kill_at),
+        batches,
+        args,
+        out,
+        eval_fn=lambda m: evals.append(1) or {"w0": float(m.lin.weight[0, 0])},
+        resume=resume,
+        overwrite=overwrite,
+        run_config=cfg or {"a": 1, "train": {"max_steps": args.max_steps}},
+        progress=False,
+        **kw_run,
+    )
     return model, res, evals
 
 
@@ -91,8 +111,11 @@ def test_train_writes_outputs_and_resume_matches_straight_run(tmp_path):
     assert seen_b == seen_a  # data position restored: no batch repeated or skipped
     for p, q in zip(straight.parameters(), resumed.parameters()):
         torch.testing.assert_close(p, q)  # optimizer/scheduler state restored too
-    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["event"] == "train"]
+    steps = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["event"] == "train"
+    ]
     assert steps == [1, 2, 3, 4, 5, 6]
     # a longer max_steps is an allowed change on resume: the step count continues
     _, res_c, _ = _run(tmp_path / "b", [], resume=True, max_steps=8, cfg={"a": 1, "train": {"max_steps": 8}})
@@ -129,4 +152,6 @@ def test_train_args_validation_and_empty_data(tmp_path):
         run(make_accelerator(args, cpu=True), Toy(), loss_fn([]), [], args, tmp_path / "e", progress=False)
     bad = TrainArgs(max_steps=2, grad_accum=2)
     with pytest.raises(DraftsmithError, match="gradient_accumulation_steps"):
-        run(make_accelerator(args, cpu=True), Toy(), loss_fn([]), batches, bad, tmp_path / "f", progress=False)
+        run(
+            make_accelerator(args, cpu=True), Toy(), loss_fn([]), batches, bad, tmp_path / "f", progress=False
+        )
