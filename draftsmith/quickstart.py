@@ -41,10 +41,10 @@ class QuickstartSizes:
 
 
 FULL = QuickstartSizes(
-    train_prompts=200,
+    train_prompts=400,
     dev_prompts=24,
     max_new_tokens=80,
-    steps=150,
+    steps=250,
     batch_size=8,
     lr=1e-3,
     layers=[0, 1, 2, 3],  # the first layers: keeping the last layer (30 -> 4) starts at 0% top-1 on SmolLM2

@@ -118,7 +118,12 @@ def generate_dataset(
         "max_prompt_tokens": max_prompt_tokens,
     }
     manifest = _read_manifest(out)
-    differs = [k for k in settings if manifest is not None and manifest["settings"].get(k) != settings[k]]
+    # `limit` may grow between runs: a larger limit extends the dataset with the prompts not yet answered
+    differs = [
+        k
+        for k in settings
+        if k != "limit" and manifest is not None and manifest["settings"].get(k) != settings[k]
+    ]
     if differs:  # (a key missing from an older manifest reads as None, the default)
         diff = differs[0]
         raise DraftsmithError(

@@ -44,7 +44,9 @@ class HeadTrainer(nn.Module):
             if self.medusa2 is not None:
                 return self._medusa2(ids, am, lm)
             feats = self.hidden(batch)
-            loss, m = self.head.loss(feats["last"], ids, lm, decay=self.loss_cfg.decay, max_rows=self.loss_cfg.max_rows)
+            loss, m = self.head.loss(
+                feats["last"], ids, lm, decay=self.loss_cfg.decay, max_rows=self.loss_cfg.max_rows
+            )
         else:
             t = self.frozen_target
             feats = self.hidden(batch)

@@ -151,6 +151,7 @@ def test_hybrid_runs_the_target_once_per_example(tiny_dirs, generated, tmp_path,
     import draftsmith.heads.hidden as hidden_mod
     from draftsmith.heads.data import collate, load_examples
     from draftsmith.heads.hidden import CacheSpec, HiddenStateCache, HiddenStates
+
     from draftsmith.models import load_model
 
     target = load_model(tiny_dirs["target"], device="cpu")

@@ -52,7 +52,7 @@ def test_generate_resumes_and_skips_done(tiny_dirs, prompt_file, tmp_path):
     out = tmp_path / "gen"
     _gen(tiny_dirs, prompt_file, out, limit=4)
     with pytest.raises(DraftsmithError, match="other settings"):
-        _gen(tiny_dirs, prompt_file, out, limit=7)
+        _gen(tiny_dirs, prompt_file, out, limit=4, max_new_tokens=5)
     man = json.loads((out / "manifest.json").read_text())
     # simulate a run killed after its first shard: drop the later shards from the manifest
     (out / "shard-00001.jsonl").unlink()
@@ -64,6 +64,8 @@ def test_generate_resumes_and_skips_done(tiny_dirs, prompt_file, tmp_path):
     rows = load_generated(out)
     assert sorted(r["id"] for r in rows) == ["0", "1", "2", "3"]  # no duplicates, nothing lost
     assert first < {r["id"] for r in rows}
+    _gen(tiny_dirs, prompt_file, out, limit=6)  # a larger limit extends the dataset
+    assert sorted(r["id"] for r in load_generated(out)) == [str(i) for i in range(6)]
 
 
 def test_generate_bad_inputs(tiny_dirs, tmp_path, prompt_file):
