@@ -202,6 +202,9 @@ def load_model(
     except Exception as e:  # noqa: BLE001
         raise _hub_error(ref, e) from None
     model.to(device)
+    # Remember where the weights came from: the Hub id survives GGUF dequantization and local copies, so heads
+    # and model cards can name the real base model (config._name_or_path is just the cache folder).
+    model.draftsmith_source = {"name": ref.name, "hub_id": ref.hub_id, "path": ref.path}
     model.train(train)
     if not train:
         model.requires_grad_(False)

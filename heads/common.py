@@ -49,10 +49,12 @@ def target_fingerprint(model) -> list[float]:
 def target_info(model) -> dict[str, Any]:
     """What a head records about its target (contract 2)."""
     cfg = model.config
-    name = getattr(cfg, "_name_or_path", "") or ""
+    source = getattr(model, "draftsmith_source", None) or {}  # set by draftsmith.models.load_model
+    name = source.get("name") or getattr(cfg, "_name_or_path", "") or ""
+    hub_id = source.get("hub_id") or (name if name.count("/") == 1 and not Path(name).exists() else None)
     return {
         "name_or_path": name,
-        "hub_id": name if name.count("/") == 1 and not Path(name).exists() else None,
+        "hub_id": hub_id,
         "architectures": list(getattr(cfg, "architectures", None) or [type(model).__name__]),
         "hidden_size": int(cfg.hidden_size),
         "vocab_size": int(cfg.vocab_size),

@@ -59,8 +59,9 @@ class EagleConfig:
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
-    """EAGLE-3 default: inputs of layers 2, N//2, N-3 (HF hidden_states indices), clamped for tiny models."""
-    return [min(max(i, 0), num_layers) for i in (2, num_layers // 2, num_layers - 3)]
+    """EAGLE-3 default: inputs of layers 2, N//2, N-3 (HF hidden_states indices), clamped to [1, N-1] for tiny
+    models: index 0 (the embeddings) and N (the final normed state) have no engine equivalent, so exports refuse them."""
+    return [min(max(i, 1), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)]
 
 
 class RMSNorm(nn.Module):
@@ -313,21 +314,15 @@ class EagleHead(nn.Module):
         c = self.config
         d = {"draftsmith_head_type": c.kind, **asdict(c), "target": self.target}
         d.pop("kind")
-        if c.kind == "eagle3":
-            # SGLang / vLLM eagle3 fields (llama decoder config + eagle_config)
-            d.update(
-                architectures=["LlamaForCausalLMEagle3"],
-                model_type="llama",
-                num_hidden_layers=1,
-                rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
-                eagle_config={
-                    "eagle_aux_hidden_state_layer_ids": list(c.aux_hidden_state_layer_ids),
-                    "aux_layer_convention": c.aux_layer_convention,
-                },
-                tie_word_embeddings=False,
-            )
-        else:
-            d.update(architectures=["EAGLEModel"], model_type="llama", num_hidden_layers=1)
+        # Native folders name no serving-engine architecture on purpose: SGLang would read
+        # `LlamaForCausalLMEagle3` + eagle_config ids as layer *outputs* (off by one from our "layer_input"
+        # ids). `draftsmith export --format sglang-eagle3|speculators` writes the engine layouts.
+        d.update(
+            architectures=["DraftsmithEagle3Head" if c.kind == "eagle3" else "DraftsmithEagleHead"],
+            num_hidden_layers=1,
+            rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+            tie_word_embeddings=False,
+        )
         return d
 
 
