@@ -141,6 +141,43 @@ def _chunk_sum(
     return loss_fn(t, d, vocab_ids, beta).sum()
 
 
+def flatten_pair(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    mask: torch.Tensor | None,
+    vocab_ids: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Check and flatten a (target, draft) logits pair: -> target [N, V], draft [N, V or V_d], the indices of
+    the counted (unmasked) rows [n], vocab_ids on the right device. Shared by the losses and AcceptanceMeter."""
+    vocab = target_logits.shape[-1]
+    target_logits = target_logits.reshape(-1, vocab)
+    draft_logits = draft_logits.reshape(-1, draft_logits.shape[-1])
+    if draft_logits.shape[0] != target_logits.shape[0]:
+        raise DraftsmithError(
+            f"target and draft logits cover different token counts ({target_logits.shape[0]} vs "
+            f"{draft_logits.shape[0]}); align them on the same positions before the loss"
+        )
+    if vocab_ids is not None:
+        vocab_ids = vocab_ids.to(device=target_logits.device, dtype=torch.long)
+        if vocab_ids.dim() != 1 or draft_logits.shape[-1] != vocab_ids.numel():
+            raise DraftsmithError(
+                f"draft logits have {draft_logits.shape[-1]} columns but vocab_ids has shape "
+                f"{tuple(vocab_ids.shape)}; pass the draft's own draft_vocab ids"
+            )
+    elif draft_logits.shape[-1] != vocab:
+        raise DraftsmithError(
+            f"draft vocab {draft_logits.shape[-1]} != target vocab {vocab}; pass vocab_ids for a reduced-vocab draft"
+        )
+    if mask is None:
+        rows = torch.arange(target_logits.shape[0], device=target_logits.device)
+    else:
+        mask = mask.reshape(-1)
+        if mask.numel() != target_logits.shape[0]:
+            raise DraftsmithError(f"mask has {mask.numel()} entries for {target_logits.shape[0]} tokens")
+        rows = mask.to(target_logits.device).bool().nonzero().squeeze(-1)
+    return target_logits, draft_logits, rows, vocab_ids
+
+
 def divergence(
     kind: DivergenceKind,
     target_logits: torch.Tensor,
@@ -171,33 +208,9 @@ def divergence(
         raise DraftsmithError(f"chunk_size must be >= 1, got {chunk_size}")
     temperature = 1.0 if temperature == 0 else float(temperature)
 
-    vocab = target_logits.shape[-1]
-    target_logits = target_logits.detach().reshape(-1, vocab)
-    draft_logits = draft_logits.reshape(-1, draft_logits.shape[-1])
-    if draft_logits.shape[0] != target_logits.shape[0]:
-        raise DraftsmithError(
-            f"target and draft logits cover different token counts ({target_logits.shape[0]} vs "
-            f"{draft_logits.shape[0]}); align them on the same positions before the loss"
-        )
-    if vocab_ids is not None:
-        vocab_ids = vocab_ids.to(device=target_logits.device, dtype=torch.long)
-        if vocab_ids.dim() != 1 or draft_logits.shape[-1] != vocab_ids.numel():
-            raise DraftsmithError(
-                f"draft logits have {draft_logits.shape[-1]} columns but vocab_ids has shape "
-                f"{tuple(vocab_ids.shape)}; pass the draft's own draft_vocab ids"
-            )
-    elif draft_logits.shape[-1] != vocab:
-        raise DraftsmithError(
-            f"draft vocab {draft_logits.shape[-1]} != target vocab {vocab}; pass vocab_ids for a reduced-vocab draft"
-        )
-
-    if mask is None:
-        rows = torch.arange(target_logits.shape[0], device=target_logits.device)
-    else:
-        mask = mask.reshape(-1)
-        if mask.numel() != target_logits.shape[0]:
-            raise DraftsmithError(f"mask has {mask.numel()} entries for {target_logits.shape[0]} tokens")
-        rows = mask.to(target_logits.device).bool().nonzero().squeeze(-1)
+    target_logits, draft_logits, rows, vocab_ids = flatten_pair(
+        target_logits.detach(), draft_logits, mask, vocab_ids
+    )
     n_tokens = rows.numel()
     if n_tokens == 0:
         return draft_logits.sum().float() * 0.0

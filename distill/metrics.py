@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import torch
 
 from draftsmith.acceptance import tau_iid
+from draftsmith.distill.divergences import flatten_pair
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams, warp_probs
 
@@ -53,32 +54,9 @@ class AcceptanceMeter:
         Leading dims may be any shape ([B, T, V] works); mask (bool or 0/1, None = all) selects counted tokens.
         With vocab_ids the draft is warped over its own V_d rows (the decoder does the same) and is zero elsewhere.
         """
-        vocab = target_logits.shape[-1]
-        target_logits = target_logits.reshape(-1, vocab)
-        draft_logits = draft_logits.reshape(-1, draft_logits.shape[-1])
-        if draft_logits.shape[0] != target_logits.shape[0]:
-            raise DraftsmithError(
-                f"target and draft logits cover different token counts ({target_logits.shape[0]} vs "
-                f"{draft_logits.shape[0]}); align them on the same positions"
-            )
-        if vocab_ids is not None:
-            vocab_ids = vocab_ids.to(target_logits.device, torch.long)
-            if draft_logits.shape[-1] != vocab_ids.numel():
-                raise DraftsmithError(
-                    f"draft logits have {draft_logits.shape[-1]} columns for {vocab_ids.numel()} ids"
-                )
-        elif draft_logits.shape[-1] != vocab:
-            raise DraftsmithError(
-                f"draft vocab {draft_logits.shape[-1]} != target vocab {vocab}; pass vocab_ids"
-            )
-        if mask is None:
-            rows = torch.arange(target_logits.shape[0], device=target_logits.device)
-        else:
-            mask = mask.reshape(-1)
-            if mask.numel() != target_logits.shape[0]:
-                raise DraftsmithError(f"mask has {mask.numel()} entries for {target_logits.shape[0]} tokens")
-            rows = mask.to(target_logits.device).bool().nonzero().squeeze(-1)
-
+        target_logits, draft_logits, rows, vocab_ids = flatten_pair(
+            target_logits, draft_logits, mask, vocab_ids
+        )
         for start in range(0, rows.numel(), self.chunk_size):
             chunk = rows[start : start + self.chunk_size]
             target_chunk = target_logits.index_select(0, chunk)  # [n, V]

@@ -321,8 +321,9 @@ def cache_target_topk(
     Training on fixed/generated data then needs no target forward per step (the target is ~2/3 of a small draft's
     step on a CPU). The loss sees the target distribution truncated to its top-k tokens (the rest at -inf), the
     "sparse" teacher of top-k logit distillation; held-out acceptance is always measured with the exact target."""
-    from draftsmith.distill.recipe import target_logits_at
     from tqdm.auto import tqdm
+
+    from draftsmith.distill.recipe import target_logits_at
 
     dev = next(target.parameters()).device
     for b in tqdm(range(0, len(examples), batch_size), desc="score with target", disable=not progress):

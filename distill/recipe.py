@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+
 from draftsmith.distill.divergences import DivergenceKind, divergence
 from draftsmith.distill.policies import (
     DataPolicy,
@@ -27,7 +28,6 @@ from draftsmith.distill.policies import (
     examples_from_file,
     split_heldout,
 )
-
 from draftsmith.errors import DraftsmithError
 from draftsmith.trainer import TrainArgs
 
@@ -323,10 +323,9 @@ def build_draft(cfg: ModelArgs, target, device) -> tuple[torch.nn.Module, dict]:
 
 def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None) -> DistillSetup:
     """Load/check the target, data and draft. `target`/`tokenizer` may be passed in (already loaded)."""
-    from draftsmith.distill.vocab import build_vocab_ids, token_counts
-
     from draftsmith import models
     from draftsmith.compat import check_compatible
+    from draftsmith.distill.vocab import build_vocab_ids, token_counts
     from draftsmith.prompts import is_eval_source
 
     m, d = cfg.model, cfg.data
@@ -402,9 +401,8 @@ def save_draft(
     draft: DraftLM, out_dir: Path, tokenizer, target_spec: str, info: dict, run_config: dict
 ) -> None:
     """final/: an HF causal LM folder (full-vocab lm_head; LoRA merged) + tokenizer + draft_vocab + provenance."""
-    from draftsmith.distill.vocab import save_draft_vocab
-
     from draftsmith import models
+    from draftsmith.distill.vocab import save_draft_vocab
 
     model = draft.model
     if hasattr(model, "merge_and_unload"):  # peft: bake the adapters into the weights

@@ -19,8 +19,14 @@ import sys
 from draftsmith.errors import DraftsmithError
 
 COMMANDS = {
-    "quickstart": ("draftsmith.quickstart", "generate data with the embedded target, distill a draft, evaluate it"),
-    "generate": ("draftsmith.selfdistill", "have a target answer prompts; write a resumable token-id dataset"),
+    "quickstart": (
+        "draftsmith.quickstart",
+        "generate data with the embedded target, distill a draft, evaluate it",
+    ),
+    "generate": (
+        "draftsmith.selfdistill",
+        "have a target answer prompts; write a resumable token-id dataset",
+    ),
     "eval": ("draftsmith.decode.cli", "measure a drafter: acceptance, tau, speedup over plain decoding"),
     "check": ("draftsmith.cli", "check that a draft's tokenizer matches a target's (no weights loaded)"),
     "export": ("draftsmith.export", "export a checkpoint for transformers, vLLM or SGLang"),
@@ -43,7 +49,9 @@ def run(args: argparse.Namespace) -> int:  # `draftsmith check`
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="draftsmith", description="Train and measure speculative-decoding drafters.")
+    parser = argparse.ArgumentParser(
+        prog="draftsmith", description="Train and measure speculative-decoding drafters."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():

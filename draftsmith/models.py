@@ -56,7 +56,9 @@ def _embedded(name: str) -> ModelRef:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / fname
     if not path.is_file():
-        raise DraftsmithError(f"embedded target {name!r}: {path} is missing; reinstall {pkg.replace('_', '-')}")
+        raise DraftsmithError(
+            f"embedded target {name!r}: {path} is missing; reinstall {pkg.replace('_', '-')}"
+        )
     return ModelRef("gguf", str(path.parent), fname, name=name, hub_id=hub_id)
 
 
@@ -72,10 +74,14 @@ def resolve(spec: str | os.PathLike) -> ModelRef:
         return ModelRef("gguf", str(p.parent), p.name, name=p.stem)
     if p.is_dir():
         if not (p / "config.json").is_file():
-            raise DraftsmithError(f"{p} holds no config.json; point at a model folder saved with save_pretrained")
+            raise DraftsmithError(
+                f"{p} holds no config.json; point at a model folder saved with save_pretrained"
+            )
         return ModelRef("dir", str(p), name=p.name)
     if p.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise DraftsmithError(f"model path {spec} not found; pass a model folder, a .gguf file, a Hub id or smollm2-135m")
+        raise DraftsmithError(
+            f"model path {spec} not found; pass a model folder, a .gguf file, a Hub id or smollm2-135m"
+        )
     return ModelRef("hub", spec, name=spec, hub_id=spec)
 
 
@@ -101,7 +107,9 @@ def materialize(ref: ModelRef) -> ModelRef:
         tok = AutoTokenizer.from_pretrained(ref.path, gguf_file=ref.gguf_file)
         # The GGUF origin is recorded in a sidecar, not in the model config: a saved copy must load as a
         # plain checkpoint, and transformers would otherwise try to re-read the (absent) GGUF file.
-        model.hf_quantizer = None  # the weights are plain fp32 now; GGUF 'quantization' was only the file format
+        model.hf_quantizer = (
+            None  # the weights are plain fp32 now; GGUF 'quantization' was only the file format
+        )
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         if hasattr(model.config, "_name_or_path"):
@@ -134,8 +142,14 @@ def _parse_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch
         return default_dtype(device)
     if isinstance(dtype, torch.dtype):
         return dtype
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in table:
         raise DraftsmithError(f"unknown dtype {dtype!r}; use one of {sorted(table)} or auto")
     return table[dtype]

@@ -62,7 +62,9 @@ def _read_records(path: Path) -> list[Any]:
                 return [json.loads(line) for line in f if line.strip()]
             data = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
-        raise DraftsmithError(f"prompt file {path} could not be read ({type(e).__name__}: {e}); check its format") from None
+        raise DraftsmithError(
+            f"prompt file {path} could not be read ({type(e).__name__}: {e}); check its format"
+        ) from None
     if isinstance(data, dict):
         for key in ("data", "prompts", "rows", "examples"):
             if isinstance(data.get(key), list):
@@ -134,14 +136,18 @@ def load_prompts(source: str, limit: int | None = None, category: str | None = N
         elif source.startswith("hf:") or ("/" in source and not source.startswith((".", "/", "~"))):
             recs = [(r, source) for r in _load_hub(source.removeprefix("hf:"))]
         else:
-            raise DraftsmithError(f"prompt file {source} not found; pass a file, hf:<dataset>[:split] or builtin:train")
+            raise DraftsmithError(
+                f"prompt file {source} not found; pass a file, hf:<dataset>[:split] or builtin:train"
+            )
     prompts = []
     for i, (rec, cat) in enumerate(recs):
         pr = record_to_prompt(rec, i, cat)
         if pr is not None and (category is None or pr.category == category):
             prompts.append(pr)
     if not prompts:
-        raise DraftsmithError(f"no usable prompts in {source}; records need a prompt/question/instruction/messages field")
+        raise DraftsmithError(
+            f"no usable prompts in {source}; records need a prompt/question/instruction/messages field"
+        )
     return prompts[:limit] if limit else prompts
 
 
@@ -152,7 +158,9 @@ def _load_hub(spec: str) -> list[dict]:
     try:
         ds = datasets.load_dataset(name, split=split or "train")
     except Exception as e:  # noqa: BLE001
-        raise DraftsmithError(f"could not load dataset {name!r} ({type(e).__name__}); check the name or pass a local file") from None
+        raise DraftsmithError(
+            f"could not load dataset {name!r} ({type(e).__name__}); check the name or pass a local file"
+        ) from None
     return list(ds)
 
 

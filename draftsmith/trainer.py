@@ -203,6 +203,11 @@ def read_checkpoint_state(path: Path) -> dict:
     return state
 
 
+def _scheduler_state(scheduler) -> dict:
+    """The LR scheduler's state as JSON (its lr_lambdas are functions and are rebuilt from the recipe)."""
+    return {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+
+
 def _save_checkpoint(accelerator, out: Path, state: dict, keep: int) -> None:
     ckpt_dir = out / "checkpoints"
     final = ckpt_dir / f"step-{state['step']:07d}"
@@ -319,7 +324,8 @@ def run(
         num_training_steps=args.max_steps,
     )
     model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
+    # Not register_for_checkpointing: accelerate would pickle the scheduler and unpickle it with
+    # weights_only=False on resume. Its state is a few numbers; it travels in trainer_state.json instead.
 
     step, epoch, batch_index = 0, 0, 0
     if resume:
@@ -334,6 +340,9 @@ def run(
                     "delete it to resume from the previous one, or check the model config matches"
                 ) from None
             step, epoch, batch_index = int(state["step"]), int(state["epoch"]), int(state["batch_index"])
+            if "scheduler" in state:
+                sched = state["scheduler"]
+                scheduler.load_state_dict({"lr_lambdas": [None] * len(sched["base_lrs"]), **sched})
             if accelerator.is_main_process:  # drop events logged after the checkpoint: they are redone
                 _truncate_metrics(out / "metrics.jsonl", step)
             accelerator.print(f"resuming from {ckpts[-1]} (step {step}, epoch {epoch}, batch {batch_index})")
@@ -417,7 +426,12 @@ def run(
                 last_eval = do_eval()
                 model.train()
             if args.save_every and step % args.save_every == 0:
-                state = {"step": step, "epoch": epoch, "batch_index": batch_index}
+                state = {
+                    "step": step,
+                    "epoch": epoch,
+                    "batch_index": batch_index,
+                    "scheduler": _scheduler_state(scheduler),
+                }
                 _save_checkpoint(accelerator, out, state, args.keep_checkpoints)
             if step >= args.max_steps:
                 break

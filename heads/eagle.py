@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
-from draftsmith.heads.common import base_decoder, target_info
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.heads.common import base_decoder, target_info
 
 
 @dataclass

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from draftsmith.heads.common import base_decoder, target_fingerprint
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.heads.common import base_decoder, target_fingerprint
 
 HiddenMode = Literal["online", "offline", "hybrid"]
 

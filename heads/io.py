@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 import torch
+
+from draftsmith.errors import DraftsmithError
 from draftsmith.heads.common import (
     check_target,
     config_from_dict,
@@ -16,8 +18,6 @@ from draftsmith.heads.common import (
 )
 from draftsmith.heads.eagle import EagleHead, eagle_config_from_dict
 from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
-
-from draftsmith.errors import DraftsmithError
 
 Head = MedusaHeads | EagleHead
 ACCURACY_FILE = (

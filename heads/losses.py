@@ -18,10 +18,10 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from draftsmith.heads.eagle import EagleHead
 from torch.utils.checkpoint import checkpoint
 
 from draftsmith.acceptance import tau_from_conditional
+from draftsmith.heads.eagle import EagleHead
 
 EagleLoss = Literal["soft_ce", "fkl", "rkl", "jsd", "tvd", "neg_log_accept", "lk"]
 

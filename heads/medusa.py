@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from draftsmith.heads.common import chunked_ce, output_head, target_info
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.heads.common import chunked_ce, output_head, target_info
 
 
 @dataclass

@@ -21,15 +21,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from draftsmith.decode.drafters import DRAFTERS, DrafterContext, parse_kv
 from draftsmith.decode.proposer import Proposal
+from draftsmith.errors import DraftsmithError
 from draftsmith.heads.common import base_decoder, output_head
 from draftsmith.heads.eagle import EagleHead
 from draftsmith.heads.io import load_head, read_accuracy
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.trees import chain_tree, medusa_tree, tree_parents
-
-from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams
 
 

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+
+from draftsmith.config import to_dict
+from draftsmith.errors import DraftsmithError
 from draftsmith.heads.data import epoch_batches, load_examples, split_examples
 from draftsmith.heads.eagle import EagleHead, default_aux_layers
 from draftsmith.heads.hidden import CacheSpec, HiddenStateCache, HiddenStates, build_cache, bytes_per_token
@@ -21,9 +24,6 @@ from draftsmith.heads.io import ACCURACY_FILE, save_head
 from draftsmith.heads.losses import EagleLoss
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.training import HeadTrainer, evaluate_heads
-
-from draftsmith.config import to_dict
-from draftsmith.errors import DraftsmithError
 from draftsmith.trainer import TrainArgs
 
 log = logging.getLogger(__name__)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.acceptance import tau_from_conditional
 from draftsmith.heads.common import base_decoder, output_head
 from draftsmith.heads.hidden import HiddenStates
 from draftsmith.heads.losses import eagle_loss
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.trees import chain_tree, expected_tau, medusa_tree
-from torch import nn
-
-from draftsmith.acceptance import tau_from_conditional
 
 RANKS = 10  # Medusa rank accuracies measured per head (the static tree picks from these)
 

@@ -20,10 +20,10 @@ import time
 import warnings
 
 import torch
-from draftsmith.decode.decoder import SpeculativeDecoder
-from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
 
 from draftsmith import models
+from draftsmith.decode.decoder import SpeculativeDecoder
+from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
 from draftsmith.prompts import load_prompts, prompt_ids
 
 

@@ -11,7 +11,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     # keep dequantized GGUF copies shared across tests (slow to rebuild), everything else per test
-    monkeypatch.setenv("DRAFTSMITH_CACHE", os.environ.get("DRAFTSMITH_CACHE", str(tmp_path_factory.getbasetemp() / "cache")))
+    monkeypatch.setenv(
+        "DRAFTSMITH_CACHE", os.environ.get("DRAFTSMITH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    )
 
 
 @pytest.fixture(scope="session")

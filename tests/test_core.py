@@ -36,10 +36,12 @@ def test_config_yaml_and_overrides(tmp_path):
 
 @pytest.mark.parametrize(
     "text,match",
-    [("optim:\n  lrr: 1\n", "unknown config key optim.lrr; valid keys in optim: lr, schedule"),
-     ("steps: many\n", "steps: expected int"),
-     ("optim:\n  schedule: linear\n", "not one of"),
-     ("- 1\n", "mapping at the top level")],
+    [
+        ("optim:\n  lrr: 1\n", "unknown config key optim.lrr; valid keys in optim: lr, schedule"),
+        ("steps: many\n", "steps: expected int"),
+        ("optim:\n  schedule: linear\n", "not one of"),
+        ("- 1\n", "mapping at the top level"),
+    ],
 )
 def test_config_errors(tmp_path, text, match):
     p = tmp_path / "r.yaml"
@@ -112,9 +114,15 @@ def test_prompts_shapes(tmp_path, tiny_tokenizer):
     import json
 
     f = tmp_path / "p.jsonl"
-    rows = ["plain", {"instruction": "do", "input": "this"}, {"question": "q?"}, {"turns": ["t1", "t2"]},
-            {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
-            {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}, {"other": 1}]
+    rows = [
+        "plain",
+        {"instruction": "do", "input": "this"},
+        {"question": "q?"},
+        {"turns": ["t1", "t2"]},
+        {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]},
+        {"other": 1},
+    ]
     f.write_text("\n".join(json.dumps(r) for r in rows))
     ps = load_prompts(str(f))
     assert [p.text for p in ps] == ["plain", "do\n\nthis", "q?", "t1", "hi", "s\n\nu"]

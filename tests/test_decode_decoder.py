@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+from transformers import DynamicCache
+
 from draftsmith.decode.cache import compact_cache, crop_to
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposer import Proposal, node_depths, tree_attention_mask
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
-from transformers import DynamicCache
-
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams
 

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+
 from draftsmith.decode.proposer import Proposal, node_depths, tree_attention_mask
 from draftsmith.decode.verify import verify_greedy, verify_sampling
-
 from draftsmith.sampling import SamplingParams
 
 V = 6

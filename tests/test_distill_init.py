@@ -1,7 +1,7 @@
 import pytest
 import torch
-from draftsmith.distill.init import add_lora, existing, fresh, select_layers, shrink
 
+from draftsmith.distill.init import add_lora, existing, fresh, select_layers, shrink
 from draftsmith.errors import DraftsmithError
 from draftsmith.testing import tiny_llama
 

@@ -2,9 +2,9 @@ import math
 
 import pytest
 import torch
-from draftsmith.distill.metrics import AcceptanceMeter
 
 from draftsmith.acceptance import tau_iid
+from draftsmith.distill.metrics import AcceptanceMeter
 from draftsmith.errors import DraftsmithError
 
 LOG = math.log

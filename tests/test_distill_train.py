@@ -2,9 +2,9 @@ import json
 
 import pytest
 import torch
-from draftsmith.distill.recipe import DistillConfig, run_distill
 
 from draftsmith.config import load_config
+from draftsmith.distill.recipe import DistillConfig, run_distill
 from draftsmith.errors import DraftsmithError
 from draftsmith.trainer import list_checkpoints, make_accelerator
 
@@ -44,8 +44,9 @@ def _events(out):
 def test_distill_reduced_vocab_writes_hf_draft_and_resumes(
     tiny_dirs, gen_dir, tmp_path, tiny_target, tiny_tokenizer
 ):
-    from draftsmith.distill.vocab import load_draft_vocab
     from transformers import AutoModelForCausalLM
+
+    from draftsmith.distill.vocab import load_draft_vocab
 
     out = tmp_path / "run"
     cfg = _cfg(tiny_dirs, gen_dir, out, "model.vocab_size=96", "loss.kind=fkl")
@@ -241,7 +242,6 @@ def test_on_policy_samples_stay_in_the_draft_vocab(tiny_draft):
 def test_cached_target_topk_equals_online_target_when_k_is_the_vocab(tiny_dirs, gen_dir, tiny_target):
     from draftsmith.distill.policies import DataPolicy, cache_target_topk, examples_from_generated
     from draftsmith.distill.recipe import DraftLM, LossArgs, make_loss_fn
-
     from draftsmith.testing import tiny_llama
 
     exs = examples_from_generated(gen_dir)[:4]

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from draftsmith.distill.divergences import LOSSES, divergence
 
+from draftsmith.distill.divergences import LOSSES, divergence
 from draftsmith.errors import DraftsmithError
 
 KINDS = list(LOSSES)

@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
-from draftsmith.distill.vocab import restricted_logits, save_draft_vocab
 from transformers import AutoModelForCausalLM
 
+from draftsmith.distill.vocab import restricted_logits, save_draft_vocab
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import export
 from draftsmith.testing import save_tiny, tiny_tokenizer

@@ -4,14 +4,14 @@ import json
 
 import pytest
 import torch
+
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposer import node_depths, tree_attention_mask
+from draftsmith.errors import DraftsmithError
 from draftsmith.heads import EagleHead, MedusaHeads, save_head
 from draftsmith.heads.io import ACCURACY_FILE
 from draftsmith.heads.proposers import EagleProposer, MedusaProposer
 from draftsmith.heads.trees import medusa_tree
-
-from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams
 
 AUX = [0, 1, 2]

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from draftsmith.heads.recipe import HeadsConfig, run_heads
 
 from draftsmith.config import load_config
 from draftsmith.errors import DraftsmithError
+from draftsmith.heads.recipe import HeadsConfig, run_heads
 from draftsmith.trainer import make_accelerator
 
 RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("recipes").glob("heads-*.yaml"))
@@ -100,7 +100,6 @@ def test_two_steps_write_files_and_resume(tiny_dirs, generated, tmp_path, kind):
     assert steps == [1, 2, 3]
     # the trained head loads in the decoder registry for its target
     from draftsmith.decode.drafters import DrafterContext, build_proposer
-
     from draftsmith.models import load_model
 
     target = load_model(tiny_dirs["target"], device="cpu")
@@ -120,7 +119,6 @@ def test_offline_cache_equals_online_and_reports_bytes(tiny_dirs, generated, tmp
         build_cache,
         bytes_per_token,
     )
-
     from draftsmith.models import load_model
 
     target = load_model(tiny_dirs["target"], device="cpu")
@@ -151,7 +149,6 @@ def test_hybrid_runs_the_target_once_per_example(tiny_dirs, generated, tmp_path,
     import draftsmith.heads.hidden as hidden_mod
     from draftsmith.heads.data import collate, load_examples
     from draftsmith.heads.hidden import CacheSpec, HiddenStateCache, HiddenStates
-
     from draftsmith.models import load_model
 
     target = load_model(tiny_dirs["target"], device="cpu")

@@ -45,10 +45,10 @@ EVAL = {
 @pytest.fixture
 def medusa_dir(tmp_path):
     """A Medusa head whose target folder carries a README with a license."""
-    from draftsmith.heads.io import save_head
-    from draftsmith.heads.medusa import MedusaHeads
     from transformers import AutoModelForCausalLM
 
+    from draftsmith.heads.io import save_head
+    from draftsmith.heads.medusa import MedusaHeads
     from draftsmith.testing import save_tiny
 
     tpath = save_tiny(tmp_path / "target", seed=0)
@@ -151,8 +151,8 @@ def test_target_hub_id_recovered_for_embedded_and_gguf_cache(tmp_path):
 
 def test_native_reduced_vocab_draft_card_points_to_the_hf_export(tmp_path):
     import torch
-    from draftsmith.distill.vocab import save_draft_vocab
 
+    from draftsmith.distill.vocab import save_draft_vocab
     from draftsmith.testing import save_tiny
 
     path = save_tiny(tmp_path / "draft", seed=1, num_hidden_layers=1)

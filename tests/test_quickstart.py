@@ -33,7 +33,6 @@ def test_quickstart_end_to_end_on_tiny_target(tiny_dirs, tmp_path, capsys):
     assert (tmp_path / "qs" / "eval" / "eval.json").is_file()
     # dev-eval reference answers are for measuring only: the trainer refuses them as data
     from draftsmith.distill.policies import examples_from_generated
-
     from draftsmith.errors import DraftsmithError
 
     with pytest.raises(DraftsmithError, match="evaluation prompts"):

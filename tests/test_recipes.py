@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from draftsmith.distill.recipe import DistillConfig, run_distill
 
 from draftsmith.config import load_config, to_dict
+from draftsmith.distill.recipe import DistillConfig, run_distill
 from draftsmith.trainer import make_accelerator
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,6 +2,8 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import save_file
+
 from draftsmith.distill.vocab import (
     DRAFT_VOCAB_FILE,
     build_vocab_ids,
@@ -12,8 +14,6 @@ from draftsmith.distill.vocab import (
     to_target_probs,
     token_counts,
 )
-from safetensors.torch import save_file
-
 from draftsmith.errors import DraftsmithError
 
 

@@ -13,9 +13,8 @@ import argparse
 import logging
 import sys
 
-from draftsmith.distill.recipe import DistillConfig, run_distill
-
 from draftsmith.config import load_config
+from draftsmith.distill.recipe import DistillConfig, run_distill
 from draftsmith.errors import DraftsmithError
 from draftsmith.trainer import make_accelerator
 

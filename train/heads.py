@@ -14,10 +14,9 @@ import argparse
 import logging
 import sys
 
-from draftsmith.heads.recipe import HeadsConfig, run_heads
-
 from draftsmith.config import load_config
 from draftsmith.errors import DraftsmithError
+from draftsmith.heads.recipe import HeadsConfig, run_heads
 from draftsmith.trainer import make_accelerator
 
 
