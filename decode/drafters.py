@@ -64,13 +64,18 @@ def build_ngram(arg: str, ctx: DrafterContext | None) -> Proposer:
 
 
 def build_draft(arg: str, ctx: DrafterContext) -> Proposer:
-    """`draft:<dir|hub id|.gguf>`: a causal LM with the target's tokenizer (reduced vocab honoured)."""
+    """`draft:<dir|hub id|.gguf>[,stop_below=P]`: a causal LM with the target's tokenizer (reduced vocab
+    honoured); stop_below > 0 ends a step's draft at the first token the draft is less sure of than P."""
     from draftsmith import models
     from draftsmith.compat import _vocab_size, check_tokenizers
 
-    if not arg:
-        raise DraftsmithError("drafter 'draft:' needs a model: draft:<folder|hub id>")
-    ref = models.resolve(arg)
+    path, _, opts = arg.partition(",")
+    if not path:
+        raise DraftsmithError("drafter 'draft:' needs a model: draft:<folder|hub id>[,stop_below=0.3]")
+    stop_below = parse_kv(opts, {"stop_below": float}, "draft").get("stop_below", 0.0)
+    if not 0.0 <= stop_below < 1.0:
+        raise DraftsmithError(f"draft option stop_below must be in [0, 1), got {stop_below}")
+    ref = models.resolve(path)
     d_cfg = models.load_config(ref)
     d_tok = models.load_tokenizer(ref)
     check_tokenizers(ctx.tokenizer, d_tok, ctx.target_vocab_size, _vocab_size(d_cfg))  # before any weights
@@ -86,7 +91,7 @@ def build_draft(arg: str, ctx: DrafterContext) -> Proposer:
 
         vocab_ids = load_draft_vocab(ref.path)
     model = models.load_model(ref, dtype=ctx.dtype, device=ctx.device)
-    return DraftModelProposer(model, ctx.target_vocab_size, vocab_ids)
+    return DraftModelProposer(model, ctx.target_vocab_size, vocab_ids, stop_below=stop_below)
 
 
 DRAFTERS: dict[str, Builder] = {"draft": build_draft, "ngram": build_ngram}

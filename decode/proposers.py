@@ -24,8 +24,19 @@ class DraftModelProposer:
     name = "draft"
     hidden_state_layers: tuple[int, ...] = ()
 
-    def __init__(self, model, target_vocab_size: int, vocab_ids: torch.Tensor | None = None):
+    def __init__(
+        self,
+        model,
+        target_vocab_size: int,
+        vocab_ids: torch.Tensor | None = None,
+        stop_below: float = 0.0,
+    ):
+        """stop_below: stop drafting (this step) at the first token whose draft probability (softmax at
+        temperature 1 over the draft's outputs) is below it — a dynamic draft length in the spirit of EAGLE-2's
+        confidence / SpecDec++'s stopping rule. The decision depends on the draft alone, so verification stays
+        lossless; it saves the draft steps and the wider verify forward that would likely be rejected."""
         self.model = model
+        self.stop_below = float(stop_below)
         self.target_vocab_size = int(target_vocab_size)
         self.device = next(model.parameters()).device
         self.decoder = model.get_decoder()
@@ -65,6 +76,8 @@ class DraftModelProposer:
         tokens, probs = [], []
         for i in range(k):
             logits = self._last_logits(ids)
+            if self.stop_below > 0.0 and float(torch.softmax(logits.float(), -1).amax()) < self.stop_below:
+                break  # the cache now also holds the last drafted token; advance() crops what is not kept
             if params.greedy:
                 idx = logits.argmax(-1)  # [B]
             else:
@@ -80,13 +93,16 @@ class DraftModelProposer:
             tokens.append(tok)
             if i < k - 1:
                 ids = tok[:, None]
-        self.proposed = k
+        self.proposed = len(tokens)
+        if not tokens:
+            return Proposal.empty(self.seq.shape[0], self.device)
         return Proposal.chain(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None)
 
     def advance(self, accepted_nodes: list[int], new_tokens: torch.Tensor, hidden=None) -> None:
-        # the cache holds seq + drafted[:k-1]; only seq + drafted[:a] stays valid (no recomputation)
+        # the cache holds seq + drafted[:k-1] (seq + drafted[:n] after an early stop at n tokens); only
+        # seq + drafted[:a] stays valid, and at most seq + drafted[:n-1] is known to be in it (no recomputation)
         L = self.seq.shape[1]
-        keep = L + min(len(accepted_nodes), self.proposed - 1)
+        keep = min(L + min(len(accepted_nodes), self.proposed - 1), self.cache.get_seq_length())
         crop_to(self.cache, keep)
         self.n_cached = keep
         self.seq = torch.cat([self.seq, new_tokens.to(self.device)], 1)

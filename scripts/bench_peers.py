@@ -14,39 +14,19 @@ Without --draft, the draft is a shrunken copy of the target (embeddings, final n
 from __future__ import annotations
 
 import argparse
-import copy
 import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
 from draftsmith import models
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
+from draftsmith.distill.init import shrink
+from draftsmith.distill.vocab import load_draft_vocab
 from draftsmith.prompts import load_prompts, prompt_ids
-
-
-def shrunken_copy(target, keep_layers: list[int], out_dir: str, tokenizer) -> str:
-    """Save a copy of `target` keeping only `keep_layers` decoder layers (weights copied, not trained)."""
-    cfg = copy.deepcopy(target.config)
-    cfg.num_hidden_layers = len(keep_layers)
-    if getattr(cfg, "layer_types", None):
-        cfg.layer_types = [cfg.layer_types[i] for i in keep_layers]
-    draft = type(target)(cfg).to(target.dtype)
-    sd = target.state_dict()
-    new = {}
-    for key in draft.state_dict():
-        src = key
-        if ".layers." in key:
-            pre, rest = key.split(".layers.", 1)
-            idx, tail = rest.split(".", 1)
-            src = f"{pre}.layers.{keep_layers[int(idx)]}.{tail}"
-        new[key] = sd[src]
-    draft.load_state_dict(new)
-    draft.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
 
 
 def main() -> None:
@@ -66,6 +46,12 @@ def main() -> None:
     ap.add_argument(
         "--pld-tokens", type=int, default=10, help="transformers prompt_lookup_num_tokens (its doc default)"
     )
+    ap.add_argument(
+        "--stop-below",
+        type=float,
+        default=0.0,
+        help="draftsmith draft: stop a step's draft below this confidence",
+    )
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--threads", type=int, default=None)
@@ -81,11 +67,17 @@ def main() -> None:
     if args.draft is None:
         tmp = tempfile.TemporaryDirectory(prefix="draftsmith-bench-draft-")
         n = target.config.num_hidden_layers
-        draft_spec = shrunken_copy(target, [0, n - 1], tmp.name, tok)
+        draft = shrink(target, [0, n - 1])  # untrained: a weak but honest drafter sharing the tokenizer
+        draft.save_pretrained(tmp.name)
+        tok.save_pretrained(tmp.name)
+        draft_spec = tmp.name
         print(f"draft: shrunken copy of the target, layers [0, {n - 1}] (untrained)")
     else:
         draft_spec = args.draft
     draft = models.load_model(draft_spec, dtype=args.dtype, device=dev)
+    # the draft as draftsmith trained it: its reduced output vocabulary, when it has one (transformers'
+    # assistant_model can only use the full lm_head of the same folder)
+    vocab_ids = load_draft_vocab(draft_spec) if Path(draft_spec).is_dir() else None
 
     if args.prompts == "builtin:dev-eval":  # balance chat and code prompts
         half = max(args.limit // 2, 1)
@@ -120,7 +112,9 @@ def main() -> None:
         "hf_assistant": hf(assistant_model=draft),
         "hf_prompt_lookup": hf(prompt_lookup_num_tokens=args.pld_tokens),
         "ds_plain": ds(None, 1),
-        "ds_draft": ds(DraftModelProposer(draft, target.config.vocab_size), args.k),
+        "ds_draft": ds(
+            DraftModelProposer(draft, target.config.vocab_size, vocab_ids, args.stop_below), args.k
+        ),
         "ds_ngram": ds(NGramProposer(ngram_max, ngram_min), ngram_k),
     }
     names = list(methods)
@@ -148,7 +142,7 @@ def main() -> None:
     n_timed = len(encoded) - 1
     print(
         f"\n{args.target} on {dev} ({torch.get_num_threads()} threads), {n_timed} prompts timed, greedy, "
-        f"max_new_tokens={mx}, draftsmith k={args.k} (draft) / {ngram_k} (ngram {ngram_max}..{ngram_min}), "
+        f"max_new_tokens={mx}, draftsmith k={args.k} (draft, stop_below={args.stop_below}, reduced vocab: {vocab_ids is not None}) / {ngram_k} (ngram {ngram_max}..{ngram_min}), "
         f"HF prompt_lookup_num_tokens={args.pld_tokens}"
     )
     print(f"{'method':18s} {'tok/s':>8s} {'vs hf_plain':>12s} {'== hf_plain greedy':>20s}")

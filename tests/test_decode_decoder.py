@@ -78,6 +78,12 @@ def test_greedy_lossless_every_proposer(tiny_target, tiny_draft, reference, k):
         res = dec.generate(PROMPT, prop, k=k, max_new_tokens=NEW)
         assert res.tokens == reference, prop.name
         assert res.target_forwards == 1 + len(res.accepted)
+    # a confidence-stopped draft proposes fewer tokens on some steps (none on others) and stays lossless
+    stopped = dec.generate(
+        PROMPT, DraftModelProposer(tiny_draft, 384, stop_below=0.05), k=k, max_new_tokens=NEW
+    )
+    assert stopped.tokens == reference
+    assert min(stopped.proposed) < k or k == 1 and min(stopped.proposed) == 0
     # the target as its own draft accepts everything: tau = k + 1 (bonus included)
     self_draft = dec.generate(PROMPT, DraftModelProposer(tiny_target, 384), k=k, max_new_tokens=NEW)
     assert self_draft.tokens == reference and all(
