@@ -3,9 +3,15 @@
 On held-out text, for each position the target distribution p and the draft distribution q are warped exactly as
 the decoder warps them (`draftsmith.sampling.warp_probs`: temperature, top-k, top-p; temperature 0 = one-hot
 argmax) and the per-token acceptance alpha = sum_x min(p(x), q(x)) = 1 - TVD(p, q) is averaged (Leviathan et al.
-2023). Greedy acceptance top1 = 1[argmax q == argmax p]. Predicted tau (tokens per target step, bonus token
-included) uses the i.i.d. formula `tau_iid(alpha, k)` = (1 - alpha^(k+1)) / (1 - alpha): a teacher-forced
-estimate, since at decode time later draft positions condition on the draft's own earlier tokens.
+2023). Greedy acceptance top1 = 1[argmax q == argmax p].
+
+Predicted tau (tokens per target step, bonus token included) is tau(k) = 1 + sum_{i=1..k} prod_{j<i} a_{t+j}
+averaged over start positions t, with a the per-token acceptance (alpha, or top1 for greedy) along the text:
+the conditional acceptance at depth j is what the draft achieves *given* that depths < j were accepted
+(REFERENCE: tau = 1 + sum_i prod_{j<=i} a_j). For greedy decoding on the target's own greedy text this is exact
+per start position: an accepted draft token *is* the text's next token, so the draft's next proposal is its
+teacher-forced prediction. It needs sequence boundaries (`segments` in `update`); without them, and always
+under `tau_iid`, the i.i.d. formula (1 - alpha^(k+1)) / (1 - alpha) is reported instead.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ class AcceptanceMeter:
         self.reset()
 
     def reset(self) -> None:
+        self._chain_sum = {k: 0.0 for k in self.ks}  # sum over start positions of tau(k), alpha-weighted
+        self._chain_greedy_sum = {k: 0.0 for k in self.ks}
+        self._chain_n = 0
         self._alpha_sum = 0.0
         self._top1_sum = 0.0
         self._n = 0
@@ -48,15 +57,20 @@ class AcceptanceMeter:
         draft_logits: torch.Tensor,
         mask: torch.Tensor | None = None,
         vocab_ids: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
     ) -> None:
         """Add tokens: target_logits [N, V], draft_logits [N, V] or [N, V_d] with vocab_ids [V_d], mask [N].
 
         Leading dims may be any shape ([B, T, V] works); mask (bool or 0/1, None = all) selects counted tokens.
         With vocab_ids the draft is warped over its own V_d rows (the decoder does the same) and is zero elsewhere.
+        segments [N] (or [B, T], any int): which sequence each token belongs to, tokens of one sequence consecutive
+        and in order; it enables the conditional (chain) tau estimate.
         """
         target_logits, draft_logits, rows, vocab_ids = flatten_pair(
             target_logits, draft_logits, mask, vocab_ids
         )
+        alphas: list[torch.Tensor] = []
+        top1s: list[torch.Tensor] = []
         for start in range(0, rows.numel(), self.chunk_size):
             chunk = rows[start : start + self.chunk_size]
             target_chunk = target_logits.index_select(0, chunk)  # [n, V]
@@ -76,18 +90,48 @@ class AcceptanceMeter:
             self._alpha_sum += float(alpha.double().sum())
             self._top1_sum += float(top1.double().sum())
             self._n += int(chunk.numel())
+            alphas.append(alpha.double())
+            top1s.append(top1.double())
+        if segments is not None and alphas:
+            seg = segments.reshape(-1).to(rows.device).index_select(0, rows)
+            self._add_chains(torch.cat(alphas), torch.cat(top1s), seg)
+
+    def _add_chains(self, alpha: torch.Tensor, top1: torch.Tensor, seg: torch.Tensor) -> None:
+        """Add sum_t tau_t(k) for every k: prod of acceptances over t, t+1, ... inside one segment."""
+        n, kmax = alpha.numel(), max(self.ks)
+        for acc, sums in ((alpha, self._chain_sum), (top1, self._chain_greedy_sum)):
+            run = torch.ones(n, dtype=torch.float64, device=acc.device)  # prod_{j<i} a_{t+j}
+            total = torch.ones(n, dtype=torch.float64, device=acc.device)  # tau_t, bonus token included
+            for i in range(1, kmax + 1):
+                shifted = torch.zeros_like(acc)
+                same = torch.zeros(n, dtype=torch.bool, device=acc.device)
+                if i - 1 < n:
+                    shifted[: n - i + 1] = acc[i - 1 :]
+                    same[: n - i + 1] = seg[i - 1 :] == seg[: n - i + 1]
+                run = run * torch.where(same, shifted, torch.zeros_like(shifted))  # chains end with the text
+                total = total + run
+                if i in sums:
+                    sums[i] += float(total.sum())
+        self._chain_n += n
 
     def compute(self) -> dict:
-        """{"alpha", "top1", "tau": {k: tau_iid(alpha, k)}, "tau_greedy": {k: tau_iid(top1, k)}, "tvd", "n_tokens"}."""
+        """{"alpha", "top1", "tau": {k: ...}, "tau_greedy": {k: ...} (chain estimate when segments were given, else
+        i.i.d.), "tau_estimate": "chain"|"iid", "tau_iid", "tau_greedy_iid", "tvd", "n_tokens"}."""
         if self._n == 0:
             raise DraftsmithError("AcceptanceMeter saw no tokens; check the eval data and its loss mask")
         alpha = min(1.0, self._alpha_sum / self._n)
         top1 = self._top1_sum / self._n
+        iid = {k: tau_iid(alpha, k) for k in self.ks}
+        iid_greedy = {k: tau_iid(top1, k) for k in self.ks}
+        chain = self._chain_n == self._n  # every token came with its segment
         return {
             "alpha": alpha,
             "top1": top1,
-            "tau": {k: tau_iid(alpha, k) for k in self.ks},
-            "tau_greedy": {k: tau_iid(top1, k) for k in self.ks},
+            "tau": {k: self._chain_sum[k] / self._n for k in self.ks} if chain else iid,
+            "tau_greedy": {k: self._chain_greedy_sum[k] / self._n for k in self.ks} if chain else iid_greedy,
+            "tau_estimate": "chain" if chain else "iid",
+            "tau_iid": iid,
+            "tau_greedy_iid": iid_greedy,
             "tvd": 1.0 - alpha,
             "n_tokens": self._n,
         }

@@ -243,7 +243,10 @@ def evaluate_examples(
             continue
         t_logits = target_logits_at(target, input_ids, attn, torch.nn.functional.pad(rows, (0, 1)))
         d_logits = draft(input_ids, attn)[:, :-1][rows]
-        meter.update(t_logits, d_logits, vocab_ids=vocab_ids)
+        seqs = torch.arange(rows.shape[0], device=dev)[:, None].expand_as(rows)[
+            rows
+        ]  # sequence of each token
+        meter.update(t_logits, d_logits, vocab_ids=vocab_ids, segments=seqs)
         kw = {"temperature": loss_cfg.temperature, "beta": loss_cfg.beta, "vocab_ids": vocab_ids}
         loss_sum += float(divergence(loss_cfg.kind, t_logits, d_logits, **kw)) * int(rows.sum())
         n += int(rows.sum())

@@ -9,7 +9,8 @@
    (the 49152 x 576 output head would otherwise dominate a small draft's cost) and distilled (forward KL) on the
    generated data -> OUT/distill (run.yaml, metrics.jsonl, final/ = an HF causal LM folder);
 3. predicted acceptance before/after on the dev-eval answers (teacher-forced; greedy alpha = top-1 agreement;
-   tau(k=4) with the i.i.d. formula, bonus token included);
+   tau(k=4) = 1 + sum_i prod_{j<i} a_{t+j} from the conditional acceptance along the text (exact per start position
+   for greedy decoding on the target's own text), the i.i.d. formula shown beside it; bonus token included);
 4. the speculative decoder measures the draft on dev-eval prompts: tau, lossless check and wall-clock speedup
    over plain decoding in the same run -> OUT/eval (eval.json, report.md, eval.png).
 
@@ -197,16 +198,20 @@ def quickstart(
     print(
         "[3/4] predicted acceptance on dev-eval target answers (greedy, teacher-forced, tau includes the bonus token)"
     )
-    print(f"      before: top-1 alpha {before['top1']:.3f}  tau(k=4) {before['tau_greedy']['4']:.2f}")
-    print(
-        f"      after:  top-1 alpha {after['top1']:.3f}  tau(k=4) {after['tau_greedy']['4']:.2f}  ({ratio:.2f}x)"
-    )
+    ratio_iid = after["tau_greedy_iid"]["4"] / before["tau_greedy_iid"]["4"]
+    for name, ev, r in (("before", before, None), ("after", after, ratio)):
+        print(
+            f"      {name + ':':7} top-1 alpha {ev['top1']:.3f}  tau(k=4) {ev['tau_greedy']['4']:.2f}"
+            + (f" ({r:.2f}x)" if r else "")
+            + f"  [i.i.d. formula: {ev['tau_greedy_iid']['4']:.2f}"
+            + (f", {ratio_iid:.2f}x]" if r else "]")
+        )
     print(f"      training: {tok_s:.0f} tokens/s, {timings['distill_s']:.0f} s")
     result = {
         "target": target,
         "draft": summary["final_dir"],
         "init": summary["init"],
-        "predicted": {"before": before, "after": after, "tau_k4_ratio": ratio},
+        "predicted": {"before": before, "after": after, "tau_k4_ratio": ratio, "tau_k4_ratio_iid": ratio_iid},
         "train_tokens_per_s": tok_s,
         "sizes": sizes.__dict__,
     }
