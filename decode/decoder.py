@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.models import eos_token_ids
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 
 from .cache import compact_cache, crop_to
@@ -41,18 +42,6 @@ class GenerationResult:
         return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
 
 
-def eos_ids_for(model, tokenizer=None) -> set[int]:
-    """EOS ids from the tokenizer and the model's generation_config (int or list)."""
-    ids: set[int] = set()
-    gc = getattr(model, "generation_config", None)
-    for src in (getattr(tokenizer, "eos_token_id", None), getattr(gc, "eos_token_id", None)):
-        if isinstance(src, int):
-            ids.add(src)
-        elif src is not None:
-            ids.update(int(i) for i in src)
-    return ids
-
-
 class SpeculativeDecoder:
     """Wraps a HF causal LM target. `generate(ids, proposer)`; proposer None = plain decoding."""
 
@@ -75,7 +64,7 @@ class SpeculativeDecoder:
             torch.compile(target.forward, mode="reduce-overhead", dynamic=False) if compile else target
         )
         self.tokenizer = tokenizer
-        self.eos_ids = eos_ids if eos_ids is not None else eos_ids_for(target, tokenizer)
+        self.eos_ids = eos_ids if eos_ids is not None else set(eos_token_ids(target, tokenizer))
         self.stop_strings = tuple(stop_strings)
         if self.stop_strings and tokenizer is None:
             raise DraftsmithError("stop strings need a tokenizer; pass tokenizer= to SpeculativeDecoder")

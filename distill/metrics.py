@@ -103,12 +103,12 @@ class AcceptanceMeter:
             run = torch.ones(n, dtype=torch.float64, device=acc.device)  # prod_{j<i} a_{t+j}
             total = torch.ones(n, dtype=torch.float64, device=acc.device)  # tau_t, bonus token included
             for i in range(1, kmax + 1):
-                shifted = torch.zeros_like(acc)
-                same = torch.zeros(n, dtype=torch.bool, device=acc.device)
+                step = torch.zeros_like(
+                    acc
+                )  # a_{t+i-1}, 0 past the end of t's sequence: chains end with the text
                 if i - 1 < n:
-                    shifted[: n - i + 1] = acc[i - 1 :]
-                    same[: n - i + 1] = seg[i - 1 :] == seg[: n - i + 1]
-                run = run * torch.where(same, shifted, torch.zeros_like(shifted))  # chains end with the text
+                    step[: n - i + 1] = acc[i - 1 :] * (seg[i - 1 :] == seg[: n - i + 1])
+                run = run * step
                 total = total + run
                 if i in sums:
                     sums[i] += float(total.sum())

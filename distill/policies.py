@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.selfdistill import left_pad
 
 PolicyKind = Literal["fixed", "target", "on_policy", "mixture"]
 
@@ -172,13 +173,8 @@ def sample_responses(
 
     was_training = draft.training
     draft.eval()
-    width = max(len(p) for p in prompts)
     dev = next(draft.parameters()).device
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(input_ids)
-    for r, p in enumerate(prompts):
-        input_ids[r, width - len(p) :] = torch.tensor(p)
-        attn[r, width - len(p) :] = 1
+    input_ids, attn = left_pad(prompts, pad_id)
     processors = LogitsProcessorList()
     if vocab_ids is not None:
         processors.append(_VocabMask(vocab_ids.cpu(), draft.config.get_text_config().vocab_size))
@@ -200,7 +196,7 @@ def sample_responses(
     draft.train(was_training)
     out = []
     for r in range(len(prompts)):
-        resp = seqs[r, width:].tolist()
+        resp = seqs[r, input_ids.shape[1] :].tolist()
         cut = next((j + 1 for j, t in enumerate(resp) if t in eos_ids), len(resp))
         out.append(resp[:cut])
     return out

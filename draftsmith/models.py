@@ -225,6 +225,18 @@ def load_model(
     return model
 
 
+def eos_token_ids(model, tokenizer=None) -> list[int]:
+    """End-of-sequence ids: the model's generation_config ones first (int or list), then the tokenizer's; no
+    duplicates. Empty when neither defines one."""
+    ids: list[int] = []
+    gc = getattr(model, "generation_config", None)
+    for src in (getattr(gc, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        for i in [src] if isinstance(src, int) else list(src or []):
+            if int(i) not in ids:
+                ids.append(int(i))
+    return ids
+
+
 def describe(spec: str | ModelRef) -> dict:
     """Name and Hub id of a model for reports and model cards."""
     ref = spec if isinstance(spec, ModelRef) else resolve(spec)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.models import eos_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,19 @@ MANIFEST = "manifest.json"
 FORMAT = "draftsmith-generated/1"
 
 
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded batch for generation (it continues from the last column) -> input_ids, attention_mask [B, W]."""
+    width = max(len(s) for s in seqs)
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, ids in enumerate(seqs):
+        input_ids[r, width - len(ids) :] = torch.tensor(ids)
+        attn[r, width - len(ids) :] = 1
+    return input_ids, attn
+
+
 def _eos_ids(model, tokenizer) -> list[int]:
-    ids = model.generation_config.eos_token_id if model.generation_config is not None else None
-    ids = [ids] if isinstance(ids, int) else list(ids or [])
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
+    ids = eos_token_ids(model, tokenizer)
     if not ids:
         raise DraftsmithError("the target has no eos token (generation_config or tokenizer); set one")
     return ids
@@ -178,12 +187,7 @@ def generate_dataset(
     n_tokens, t0 = 0, time.perf_counter()
     for b in range(0, len(todo), batch_size):
         chunk = todo[b : b + batch_size]
-        width = max(len(ids) for _, _, ids in chunk)
-        input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(chunk), width), dtype=torch.long)
-        for r, (_, _, ids) in enumerate(chunk):  # left padding: generation continues from the last column
-            input_ids[r, width - len(ids) :] = torch.tensor(ids)
-            attn[r, width - len(ids) :] = 1
+        input_ids, attn = left_pad([ids for _, _, ids in chunk], pad)
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
         kw: dict[str, Any] = {"do_sample": False}
         if not params.greedy:
@@ -199,7 +203,7 @@ def generate_dataset(
                 **kw,
             )
         for r, (key, p, ids) in enumerate(chunk):
-            resp = seqs[r, width:].tolist()
+            resp = seqs[r, input_ids.shape[1] :].tolist()
             finish = "length"
             for j, tok in enumerate(resp):
                 if tok in eos:
