@@ -35,6 +35,18 @@ def render_markdown(result: dict) -> str:
         False: "NO: outputs differ from plain decoding",
         None: "not checked (sampling)",
     }[result["lossless"]]
+    detail = result.get("lossless_detail") or {}
+    if detail.get("near_tie") or detail.get("mismatch"):
+        ties = [
+            f"{r['divergence']['margin']:.3f}"
+            for r in result.get("prompts", [])
+            if r.get("divergence", {}).get("near_tie")
+        ]
+        lossless += (
+            f" - {detail['identical']} prompts identical, {detail['near_tie']} diverge at a {c['dtype']} near-tie "
+            f"of the target (logit margins {', '.join(ties)} within rounding "
+            f"tolerance), {detail['mismatch']} mismatched"
+        )
     return "\n".join(
         [
             f"# draftsmith eval: {c['drafter']} on {c['target']}",

@@ -72,9 +72,9 @@ def examples_from_file(path: str | Path, tokenizer) -> list[Example]:
     """Examples from a jsonl/json file of records holding a prompt and its response: `messages` with an assistant
     turn, or `prompt`/`instruction`/`question` + `response`/`output`/`answer`/`completion`. The prompt gets the chat
     template (assistant turn opened); the response text is tokenised and closed with eos."""
-    from draftsmith.prompts import _read_records, prompt_ids, record_to_prompt
+    from draftsmith.prompts import _read_records, builtin_file, prompt_ids, record_to_prompt
 
-    p = Path(path)
+    p = builtin_file(str(path)) or Path(path)
     if p.is_dir():
         return examples_from_generated(p)
     if not p.is_file():
@@ -322,8 +322,17 @@ def cache_target_topk(
     from draftsmith.distill.recipe import target_logits_at
 
     dev = next(target.parameters()).device
-    for b in tqdm(range(0, len(examples), batch_size), desc="score with target", disable=not progress):
-        chunk = examples[b : b + batch_size]
+    # length-sorted batches of up to `batch_size` x max_length tokens: little padding, few large forwards
+    order = sorted(examples, key=lambda e: len(e.prompt_ids) + len(e.response_ids))
+    budget, batches, cur = batch_size * max_length, [], []
+    for e in order:
+        width = min(len(e.prompt_ids) + len(e.response_ids), max_length)
+        if cur and width * (len(cur) + 1) > budget:
+            batches.append(cur)
+            cur = []
+        cur.append(e)
+    batches += [cur] if cur else []
+    for chunk in tqdm(batches, desc="score with target", disable=not progress):
         batch = collate([(e.prompt_ids, e.response_ids) for e in chunk], pad_id, max_length)
         rows = torch.nn.functional.pad(batch["loss_mask"][:, 1:], (0, 1)).to(dev)
         logits = target_logits_at(target, batch["input_ids"].to(dev), batch["attention_mask"].to(dev), rows)
@@ -336,8 +345,18 @@ def cache_target_topk(
             e.target_topk = (part_v.half().cpu(), part_i.int().cpu())
 
 
-def dense_from_topk(values: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def dense_from_topk(
+    values: torch.Tensor, ids: torch.Tensor, vocab_size: int, t2d: torch.Tensor | None = None
+) -> torch.Tensor:
     """[N, k] top-k logits -> [N, V] float32 logits with everything else at a large negative value (p = 0 there;
-    finite so that 0 * log 0 terms stay 0 rather than NaN)."""
+    finite so that 0 * log 0 terms stay 0 rather than NaN). With `t2d` (target id -> draft column, -1 outside
+    the draft vocabulary) the result is [N, vocab_size] over the draft's columns, out-of-vocabulary entries dropped:
+    equal to restricting the full dense logits to the draft vocabulary."""
     out = torch.full((values.shape[0], vocab_size), -1e4, dtype=torch.float32, device=values.device)
-    return out.scatter_(1, ids.long(), values.float())
+    ids = ids.long()
+    if t2d is not None:
+        cols = t2d[ids]
+        # dropped entries land on column 0 as -1e4; "amax" keeps a real value there (top-k ids are distinct)
+        masked = torch.where(cols >= 0, values.float(), torch.full_like(values, -1e4, dtype=torch.float32))
+        return out.scatter_reduce_(1, cols.clamp_min(0), masked, "amax")
+    return out.scatter_(1, ids, values.float())

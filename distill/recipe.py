@@ -67,7 +67,7 @@ class ModelArgs:
     vocab_size: int = 0
     """Reduced draft output vocabulary: the N most frequent training tokens (+ special tokens); 0 = full vocab."""
     dtype: str = "auto"
-    """Target weights dtype (auto = bf16 on CUDA, fp32 on CPU). Draft master weights are fp32."""
+    """Target weights dtype (auto = bf16 on CUDA and AMX CPUs, else fp32: models.default_dtype). Draft master weights are fp32."""
     trust_remote_code: bool = False
     """Allow model repos with custom code (off: only enable for repos you trust)."""
     lora: LoraArgs = field(default_factory=LoraArgs)
@@ -75,8 +75,9 @@ class ModelArgs:
 
 @dataclass
 class DataArgs:
-    source: str | None = None
-    """A `draftsmith generate` folder (token ids) or a .jsonl with prompt+response records."""
+    source: str | list[str] | None = None
+    """A `draftsmith generate` folder (token ids), a .jsonl with prompt+response records, or `builtin:train-text`;
+    a list mixes several (held-out eval examples come from the first, the main data)."""
     policy: PolicyKind = "target"
     """fixed | target | on_policy | mixture (DistillSpec data policies)."""
     on_policy_fraction: float = 0.5
@@ -89,8 +90,8 @@ class DataArgs:
     """Prompt + response tokens per sequence (longer ones are cut)."""
     eval_size: int = 64
     """Examples held out from `source` for the acceptance eval (never trained on)."""
-    limit: int | None = None
-    """Use only the first N examples of `source`."""
+    limit: int | list[int | None] | None = None
+    """Use only the first N examples of `source` (a list: one limit per source, null = all)."""
     cache_target_topk: int = 0
     """>0: score the training data with the target once and keep its top-k logits per token, so training steps
     on that data skip the target forward (~3x faster for small drafts; the loss sees the top-k truncated target).
@@ -186,17 +187,26 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
     """loss_fn(prepared DraftLM, RawBatch) -> (loss, metrics) for draftsmith.trainer.run."""
 
+    vocab = target.config.get_text_config().vocab_size
+    t2d = None  # KL-type losses only see p on the draft's support: scatter cached top-k straight into it
+    if policy.vocab_ids is not None and cfg.kind in ("fkl", "rkl", "jsd"):
+        t2d = torch.full((vocab,), -1, dtype=torch.long, device=policy.vocab_ids.device)
+        t2d[policy.vocab_ids] = torch.arange(policy.vocab_ids.numel(), device=t2d.device)
+
     def loss_fn(model: torch.nn.Module, raw) -> tuple[torch.Tensor, dict]:
         draft = _unwrap(model)
         batch = policy.materialize(raw, draft.model if raw.on_policy else None)
         dev = next(draft.parameters()).device
         input_ids, attn = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
         rows = batch["loss_mask"].to(dev)[:, 1:]  # logits at t predict token t+1: score response tokens
+        vocab_ids = policy.vocab_ids
         if "target_topk_values" in batch:
-            vocab = target.config.get_text_config().vocab_size
-            target_logits = dense_from_topk(
-                batch["target_topk_values"].to(dev), batch["target_topk_ids"].to(dev), vocab
-            )
+            values, ids = batch["target_topk_values"].to(dev), batch["target_topk_ids"].to(dev)
+            if t2d is not None:  # same numbers as restricting the dense [N, V] logits, at V_d / V the memory
+                target_logits = dense_from_topk(values, ids, vocab_ids.numel(), t2d.to(dev))
+                vocab_ids = None
+            else:
+                target_logits = dense_from_topk(values, ids, vocab)
         else:
             target_logits = target_logits_at(target, input_ids, attn, torch.nn.functional.pad(rows, (0, 1)))
         draft_logits = model(input_ids, attn)[:, :-1][rows]
@@ -206,7 +216,7 @@ def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
             draft_logits,
             temperature=cfg.temperature,
             beta=cfg.beta,
-            vocab_ids=policy.vocab_ids,
+            vocab_ids=vocab_ids,
             chunk_size=cfg.chunk_size,
         )
         return loss, {
@@ -336,22 +346,29 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
         from draftsmith.hub import check_repo_id
 
         check_repo_id(cfg.push_to_hub)
-    if not d.source:
+    sources = [d.source] if isinstance(d.source, str) else list(d.source or [])
+    if not sources:
         raise DraftsmithError(
             "data.source is required: a draftsmith generate folder or a .jsonl with responses"
         )
-    if is_eval_source(d.source):
+    limits = d.limit if isinstance(d.limit, list) else [d.limit] * len(sources)
+    if len(limits) != len(sources):
         raise DraftsmithError(
-            f"{d.source} is an evaluation set; train on other data (e.g. draftsmith generate output)"
+            f"data.limit has {len(limits)} entries for {len(sources)} sources; give one per source"
         )
+    for src in sources:
+        if is_eval_source(src):
+            raise DraftsmithError(
+                f"{src} is an evaluation set; train on other data (e.g. draftsmith generate output)"
+            )
     if m.init == "existing" and m.draft:
         check_compatible(m.target, m.draft, m.trust_remote_code)  # before any weights load
     if tokenizer is None:
         tokenizer = models.load_tokenizer(m.target, m.trust_remote_code)
-    examples = examples_from_file(d.source, tokenizer)
-    if d.limit:
-        examples = examples[: d.limit]
-    train_ex, eval_ex = split_heldout(examples, d.eval_size, cfg.train.seed)
+    loaded = [examples_from_file(src, tokenizer)[: lim or None] for src, lim in zip(sources, limits)]
+    train_ex, eval_ex = split_heldout(loaded[0], d.eval_size, cfg.train.seed)
+    for extra in loaded[1:]:
+        train_ex = train_ex + extra
     if target is None:
         target = models.load_model(
             m.target, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code

@@ -272,7 +272,7 @@ def build_card(
             f"| α per draft position | {alphas} |",
             f"| speedup | {eval_data['speedup']:.3f}× |",
             f"| tokens/s speculative / plain | {tps.get('speculative')} / {tps.get('plain')} |",
-            f"| lossless (greedy output identical) | {eval_data.get('lossless')} |\n",
+            f"| lossless (greedy output identical, numerical near-ties aside) | {eval_data.get('lossless')} |\n",
             "Conditions:\n",
             "| condition | value |\n|---|---|",
         ]

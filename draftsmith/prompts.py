@@ -2,6 +2,8 @@
 
 Sources (`load_prompts(source)`):
   - `builtin:train`      ~1.3k training prompts shipped with draftsmith (GSM8K, GPTeacher, self-instruct, OASST)
+  - `builtin:train-text` ~6.8k prompt + human response pairs (GSM8K answers, GPTeacher code/roleplay), disjoint
+                         from builtin:train: fixed text for trainers to have the target score (responses kept)
   - `builtin:dev-eval`   Vicuna-80 + HumanEval (164); `builtin:vicuna`, `builtin:humaneval` separately.
                          Evaluation only: never train on these.
   - a local .json / .jsonl / .jsonl.gz / .parquet file
@@ -24,6 +26,7 @@ from draftsmith.errors import DraftsmithError
 
 BUILTIN = {
     "train": ["train/quickstart_prompts.jsonl"],
+    "train-text": ["train/reference_responses.jsonl.gz"],
     "vicuna": ["dev-eval/vicuna_bench/question.jsonl"],
     "humaneval": ["dev-eval/humaneval/HumanEval.jsonl.gz"],
     "dev-eval": ["dev-eval/vicuna_bench/question.jsonl", "dev-eval/humaneval/HumanEval.jsonl.gz"],
@@ -47,6 +50,16 @@ class Prompt:
 
 def _data_path(rel: str) -> Path:
     return Path(str(resources.files("draftsmith") / "data" / rel))
+
+
+def builtin_file(source: str) -> Path | None:
+    """The shipped file behind a single-file `builtin:NAME` source (None for other sources)."""
+    if not source.startswith("builtin:"):
+        return None
+    name = source.split(":", 1)[1]
+    if name not in BUILTIN or len(BUILTIN[name]) != 1:
+        raise DraftsmithError(f"unknown builtin data file {name!r}; choose one of {sorted(BUILTIN)}")
+    return _data_path(BUILTIN[name][0])
 
 
 def _read_records(path: Path) -> list[Any]:

@@ -77,7 +77,7 @@ class TrainArgs:
     seed: int = 0
     """Seed for torch/numpy/python RNGs (accelerate.utils.set_seed) and data order."""
     mixed_precision: Literal["no", "bf16", "fp16", "auto"] | bool = "auto"
-    """Autocast mode; auto = bf16 on CUDA, no on CPU. (YAML 1.1 reads a bare `no` as false: accepted as "no".)"""
+    """Autocast mode; auto = bf16 on CUDA and on CPUs with AMX, else no. (YAML 1.1 reads a bare `no` as false: accepted as "no".)"""
     num_workers: int = 0
     """DataLoader workers, for callers that build loaders."""
 
@@ -110,8 +110,10 @@ class TrainArgs:
 
 
 def resolve_mixed_precision(mode: str) -> str:
-    if mode == "auto":
-        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    if mode == "auto":  # bf16 autocast where bf16 matmuls are native (CUDA, AMX CPUs): models.default_dtype
+        from draftsmith.models import default_device, default_dtype
+
+        return "bf16" if default_dtype(default_device()) == torch.bfloat16 else "no"
     return mode
 
 
@@ -245,7 +247,16 @@ def _make_optimizer(
     if not groups:
         raise DraftsmithError("nothing to train: the model has no parameter with requires_grad=True")
     betas = tuple(args.adam_betas) if args.adam_betas else (0.9, 0.95)
-    return torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay, betas=betas)
+    kw = dict(lr=args.lr, weight_decay=args.weight_decay, betas=betas)
+    params = [p for g in groups for p in g["params"]]
+    # the fused kernel: 5x faster than the default per-tensor loop on a CPU (measured: 45 vs 235 ms per step for
+    # a draft with a 49152 x 576 embedding), where the optimizer was ~40% of a small draft's step
+    if all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params):
+        try:
+            return torch.optim.AdamW(groups, fused=True, **kw)
+        except (RuntimeError, TypeError, ValueError):  # e.g. a dtype the fused kernel lacks
+            pass
+    return torch.optim.AdamW(groups, **kw)
 
 
 def _shard(items: Iterable, world: int, rank: int, start: int):

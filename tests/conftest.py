@@ -6,6 +6,8 @@ import torch
 torch.set_num_threads(2)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# exact fp32 numerics on every machine (CPUs with AMX would otherwise default to bf16: models.default_dtype)
+os.environ.setdefault("DRAFTSMITH_CPU_DTYPE", "float32")
 
 
 @pytest.fixture(autouse=True)

@@ -281,3 +281,57 @@ def test_tied_embeddings_draft_checkpoints_and_resumes(tmp_path, gen_dir):
     trained_row = draft.model.embed_tokens.weight
     base = AutoModelForCausalLM.from_pretrained(target).model.embed_tokens.weight
     assert not torch.equal(trained_row, base)
+
+
+def test_mixed_sources_hold_out_from_the_first_only(tiny_dirs, gen_dir, tmp_path, tiny_tokenizer):
+    from draftsmith.distill.recipe import setup
+
+    text = tmp_path / "text.jsonl"
+    text.write_text(
+        "\n".join(
+            json.dumps({"question": f"What is {i} + 1?", "answer": f"It is {i + 1}."}) for i in range(7)
+        )
+    )
+    cfg = _cfg(
+        tiny_dirs, gen_dir, tmp_path / "run", f"data.source=[{gen_dir}, {text}]", "data.limit=[null, 5]"
+    )
+    s = setup(cfg, torch.device("cpu"), tokenizer=tiny_tokenizer)
+    assert len(s.eval_examples) == 3 and all(e.category != "text" for e in s.eval_examples)
+    assert len(s.policy.examples) == 12 - 3 + 5  # the second source is all training data, cut to its limit
+    fixed = [e for e in s.policy.examples if e.category == "text"]  # (category = file stem)
+    assert len(fixed) == 5 and tiny_tokenizer.decode(fixed[0].response_ids).startswith("It is 1.")
+    # the shipped fixed text resolves without a path, and eval sets are refused in any position of the list
+    from draftsmith.distill.policies import examples_from_file
+
+    assert len(examples_from_file("builtin:train-text", tiny_tokenizer)) > 6000
+    with pytest.raises(DraftsmithError, match="evaluation set"):
+        setup(
+            _cfg(tiny_dirs, gen_dir, tmp_path / "r2", f"data.source=[{gen_dir}, builtin:vicuna]"),
+            torch.device("cpu"),
+        )
+    with pytest.raises(DraftsmithError, match="one per source"):
+        setup(
+            _cfg(tiny_dirs, gen_dir, tmp_path / "r3", f"data.source=[{gen_dir}, {text}]", "data.limit=[1]"),
+            torch.device("cpu"),
+        )
+
+
+def test_topk_scattered_into_draft_vocab_equals_restricting_the_full_logits():
+    from draftsmith.distill.divergences import divergence
+    from draftsmith.distill.policies import dense_from_topk
+
+    g = torch.Generator().manual_seed(0)
+    vocab, n, k = 50, 6, 8
+    full = torch.randn(n, vocab, generator=g) * 3
+    values, ids = full.topk(k, dim=-1)
+    vocab_ids = torch.tensor(sorted(set(ids[:, :3].flatten().tolist()) | {0, 7, 11}))  # some top-k ids fall outside
+    t2d = torch.full((vocab,), -1, dtype=torch.long)
+    t2d[vocab_ids] = torch.arange(vocab_ids.numel())
+    dense_full = dense_from_topk(values.half(), ids.int(), vocab)
+    dense_draft = dense_from_topk(values.half(), ids.int(), vocab_ids.numel(), t2d)
+    torch.testing.assert_close(dense_draft, dense_full[:, vocab_ids])
+    draft = torch.randn(n, vocab_ids.numel(), generator=g, requires_grad=True)
+    for kind in ("fkl", "rkl", "jsd"):
+        a = divergence(kind, dense_full, draft, vocab_ids=vocab_ids)
+        b = divergence(kind, dense_draft, draft)
+        torch.testing.assert_close(a, b)

@@ -80,6 +80,7 @@ def test_eval_end_to_end(tiny_dirs, tmp_path, capsys, drafter):
     res = json.loads((out / "eval.json").read_text())
     assert KEYS <= set(res) and COND <= set(res["conditions"])
     assert res["lossless"] is True and len(res["alpha_per_position"]) == 3
+    assert res["lossless_detail"] == {"identical": 3, "near_tie": 0, "mismatch": 0}  # fp32: exact
     assert set(res["per_category"]) == {"text", "code"} and res["per_category"]["text"]["n_prompts"] == 2
     assert res["tau"] >= 1.0 and res["speedup"] > 0
     assert sum(res["accept_length_hist"].values()) == sum(len(r["accepted"]) for r in res["prompts"])
@@ -155,3 +156,48 @@ def test_eval_tokenizer_mismatch(tiny_dirs, tmp_path, capsys):
     )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2 and err.startswith("error: tokenizer mismatch")
+
+
+def test_divergence_classifies_near_ties_and_real_mismatches(tiny_target):
+    import torch
+
+    from draftsmith.decode.evaluate import divergence, tie_tolerance
+
+    prompt = torch.tensor([[1, 5, 9, 14]])
+    with torch.no_grad():
+        logits = tiny_target(input_ids=prompt).logits[0, -1].float()
+    order = logits.argsort(descending=True).tolist()
+    best, second, worst = order[0], order[1], order[-1]
+    # identical prefix, different token at position 0: the runner-up is a tie only if rounding explains the gap
+    gap = float(logits[best] - logits[second])
+    res = divergence(tiny_target, prompt, [best, 3], [second, 3])
+    assert res["position"] == 0 and res["plain_token"] == best and res["spec_token"] == second
+    assert res["margin"] == pytest.approx(gap, abs=1e-5)
+    assert res["near_tie"] == (gap <= tie_tolerance(torch.float32, logits))
+    assert not divergence(tiny_target, prompt, [best], [worst])[
+        "near_tie"
+    ]  # a clear loser is a real mismatch
+    assert not divergence(tiny_target, prompt, [best, 4], [best])["near_tie"]  # length-only difference
+    assert divergence(tiny_target, prompt, [best, 4], [best])["position"] == 1
+    # bf16 tolerance is ~65,000x fp32's
+    assert tie_tolerance(torch.bfloat16, logits) / tie_tolerance(torch.float32, logits) == pytest.approx(
+        2**16
+    )
+
+
+def test_default_dtype_policy(monkeypatch):
+    import torch
+
+    from draftsmith import models
+    from draftsmith.errors import DraftsmithError
+
+    monkeypatch.setenv("DRAFTSMITH_CPU_DTYPE", "bfloat16")
+    assert models.default_dtype("cpu") == torch.bfloat16
+    monkeypatch.setenv("DRAFTSMITH_CPU_DTYPE", "float32")
+    assert models.default_dtype("cpu") == torch.float32
+    monkeypatch.setenv("DRAFTSMITH_CPU_DTYPE", "")
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    assert models.default_dtype("cpu") == (torch.bfloat16 if amx else torch.float32)
+    monkeypatch.setenv("DRAFTSMITH_CPU_DTYPE", "int8")
+    with pytest.raises(DraftsmithError, match="DRAFTSMITH_CPU_DTYPE"):
+        models.default_dtype("cpu")

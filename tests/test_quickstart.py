@@ -8,6 +8,7 @@ from draftsmith.quickstart import FAST, FULL, QuickstartSizes, quickstart
 def test_quickstart_end_to_end_on_tiny_target(tiny_dirs, tmp_path, capsys):
     sizes = QuickstartSizes(
         train_prompts=12,
+        text_examples=8,
         dev_prompts=2,
         max_new_tokens=8,
         steps=3,
