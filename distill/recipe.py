@@ -460,10 +460,16 @@ def run_distill(
     s = setup(cfg, accelerator.device, target=target, tokenizer=tokenizer)
     pad = s.policy.pad_id
     eval_sets = {"heldout": s.eval_examples, **(extra_eval or {})}
+    # evals score whole examples (up to the target's context), whatever length training cuts sequences to
+    ctx = getattr(s.target.config.get_text_config(), "max_position_embeddings", None) or 10**9
+    eval_len = {
+        name: min(ctx, max([cfg.data.max_length] + [len(e.prompt_ids) + len(e.response_ids) for e in exs]))
+        for name, exs in eval_sets.items()
+    }
 
     def eval_fn(model: DraftLM) -> dict:
         return {
-            name: evaluate_examples(s.target, model, exs, cfg.eval, cfg.loss, pad, cfg.data.max_length)
+            name: evaluate_examples(s.target, model, exs, cfg.eval, cfg.loss, pad, eval_len[name])
             for name, exs in eval_sets.items()
             if exs
         }

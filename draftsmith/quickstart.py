@@ -6,8 +6,10 @@
    it also answers a few builtin:dev-eval prompts -> OUT/data/dev-eval: reference answers used only to *measure*
    the draft (never trained on);
 2. a draft is cut from the target (a few of its layers, `distill.init.shrink`) with a reduced output vocabulary
-   (the 49152 x 576 output head would otherwise dominate a small draft's cost) and distilled (forward KL) on the
-   generated data -> OUT/distill (run.yaml, metrics.jsonl, final/ = an HF causal LM folder);
+   (the 49152 x 576 output head would otherwise dominate a small draft's cost) and distilled (forward KL on the
+   target's top-64 logits) on the generated answers plus `builtin:train-text` pairs the target scores (fixed text:
+   no generation needed, and the draft over-fits the generated answers alone) -> OUT/distill (run.yaml,
+   metrics.jsonl, final/ = an HF causal LM folder);
 3. predicted acceptance before/after on the dev-eval answers (teacher-forced; greedy alpha = top-1 agreement;
    tau(k=4) = 1 + sum_i prod_{j<i} a_{t+j} from the conditional acceptance along the text (exact per start position
    for greedy decoding on the target's own text), the i.i.d. formula shown beside it; bonus token included);
@@ -34,6 +36,7 @@ EVAL_STOP_BELOW = 0.5
 @dataclass
 class QuickstartSizes:
     train_prompts: int
+    text_examples: int  # builtin:train-text prompt + response pairs the target scores (fixed data), 0 = none
     dev_prompts: int  # split evenly between vicuna and humaneval
     max_new_tokens: int
     steps: int
@@ -47,6 +50,7 @@ class QuickstartSizes:
 
 FULL = QuickstartSizes(
     train_prompts=400,
+    text_examples=2000,
     dev_prompts=24,
     max_new_tokens=80,
     steps=250,
@@ -59,6 +63,7 @@ FULL = QuickstartSizes(
 )
 FAST = QuickstartSizes(
     train_prompts=24,
+    text_examples=16,
     dev_prompts=4,
     max_new_tokens=24,
     steps=8,
@@ -86,7 +91,9 @@ def distill_config(out: Path, target: str, sizes: QuickstartSizes, layers: list[
                 "vocab_size": sizes.vocab_size,
             },
             "data": {
-                "source": str(out / "data" / "train"),
+                "source": [str(out / "data" / "train")]
+                + (["builtin:train-text"] if sizes.text_examples else []),
+                "limit": [None] + ([sizes.text_examples] if sizes.text_examples else []),
                 "policy": "target",
                 "max_length": 512,
                 "eval_size": max(1, min(16, sizes.train_prompts // 8)),
@@ -151,8 +158,10 @@ def quickstart(
     layers = [i for i in sizes.layers if i < n_layers] or [0]
 
     t, c = time.perf_counter(), time.process_time()
+    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     print(
-        f"[1/4] {target} answers {sizes.train_prompts} builtin:train prompts (+{sizes.dev_prompts} dev-eval references)"
+        f"[1/4] {target} ({device}, {dtype}) answers {sizes.train_prompts} builtin:train prompts "
+        f"(+{sizes.dev_prompts} dev-eval references)"
     )
     gen_kw = {
         "max_new_tokens": sizes.max_new_tokens,
@@ -175,7 +184,7 @@ def quickstart(
     cfg = distill_config(out, target, sizes, layers)
     print(
         f"[2/4] distilling a {len(layers)}-layer draft (target layers {layers}, {sizes.vocab_size}-token head), "
-        f"{sizes.steps} steps"
+        f"{sizes.steps} steps on the generated answers + {sizes.text_examples} builtin:train-text pairs"
     )
     accelerator = make_accelerator(cfg.train)
     summary = run_distill(

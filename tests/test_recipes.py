@@ -71,6 +71,7 @@ def _tiny_overrides(tiny_dirs, gen_dir, out, cfg):
     ov = [
         f"model.target={tiny_dirs['target']}",
         f"data.source={gen_dir}",
+        "data.limit=null",
         f"output_dir={out}",
         "data.eval_size=2",
         "data.max_length=48",
