@@ -324,7 +324,9 @@ def test_topk_scattered_into_draft_vocab_equals_restricting_the_full_logits():
     vocab, n, k = 50, 6, 8
     full = torch.randn(n, vocab, generator=g) * 3
     values, ids = full.topk(k, dim=-1)
-    vocab_ids = torch.tensor(sorted(set(ids[:, :3].flatten().tolist()) | {0, 7, 11}))  # some top-k ids fall outside
+    vocab_ids = torch.tensor(
+        sorted(set(ids[:, :3].flatten().tolist()) | {0, 7, 11})
+    )  # some top-k ids fall outside
     t2d = torch.full((vocab,), -1, dtype=torch.long)
     t2d[vocab_ids] = torch.arange(vocab_ids.numel())
     dense_full = dense_from_topk(values.half(), ids.int(), vocab)
