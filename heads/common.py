@@ -155,7 +155,7 @@ def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], w
     module.load_state_dict(state, strict=True)
 
 
-def _ce_chunk(h, weight, labels, topk: int):
+def _ce_chunk(h, labels, weight, topk: int):
     logits = F.linear(h, weight).float()
     loss = F.cross_entropy(logits, labels, reduction="sum")
     with torch.no_grad():
@@ -164,21 +164,54 @@ def _ce_chunk(h, weight, labels, topk: int):
         return loss, hit[:, 0].sum(), hit.any(-1).sum()
 
 
+def _soft_ce_chunk(h, t_h, weight, t_weight, topk: int):
+    logits = F.linear(h, weight).float()
+    with torch.no_grad():
+        p = torch.softmax(F.linear(t_h, t_weight).float(), -1)
+        best = p.argmax(-1)
+    loss = -(p * torch.log_softmax(logits, -1)).sum()
+    with torch.no_grad():
+        hit = logits.topk(topk, dim=-1).indices == best[:, None]
+        return loss, hit[:, 0].sum(), hit.any(-1).sum()
+
+
+def _sum_chunks(chunk_fn, rows: tuple, fixed: tuple, chunk_size: int, grad: bool):
+    """Sum chunk_fn(*row_slices, *fixed) -> (loss, top1, topk) over row chunks, each checkpointed when `grad`."""
+    dev = rows[0].device
+    total = torch.zeros((), dtype=torch.float32, device=dev)
+    top1 = torch.zeros((), dtype=torch.long, device=dev)
+    topk_hits = torch.zeros((), dtype=torch.long, device=dev)
+    for s in range(0, rows[0].shape[0], chunk_size):
+        args = tuple(r[s : s + chunk_size] for r in rows) + fixed
+        loss, a, b = checkpoint(chunk_fn, *args, use_reentrant=False) if grad else chunk_fn(*args)
+        total, top1, topk_hits = total + loss, top1 + a, topk_hits + b
+    return total, top1, topk_hits
+
+
 def chunked_ce(
     hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, chunk_size: int = 1024, topk: int = 5
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sum of CE(F.linear(hidden, weight), labels) over rows, computed chunk by chunk with activation
     checkpointing so at most chunk_size x V logits live at once (forward and backward).
     hidden [N, H], weight [V, H], labels [N] -> (loss_sum, top1_hits, topk_hits)."""
-    total = hidden.new_zeros((), dtype=torch.float32)
-    top1 = torch.zeros((), dtype=torch.long, device=hidden.device)
-    topk_hits = torch.zeros((), dtype=torch.long, device=hidden.device)
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     k = min(topk, weight.shape[0])
-    for s in range(0, hidden.shape[0], chunk_size):
-        args = (hidden[s : s + chunk_size], weight, labels[s : s + chunk_size], k)
-        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-            loss, a, b = checkpoint(_ce_chunk, *args, use_reentrant=False)
-        else:
-            loss, a, b = _ce_chunk(*args)
-        total, top1, topk_hits = total + loss, top1 + a, topk_hits + b
-    return total, top1, topk_hits
+    return _sum_chunks(_ce_chunk, (hidden, labels), (weight, k), chunk_size, grad)
+
+
+def chunked_soft_ce(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target_hidden: torch.Tensor,
+    target_weight: torch.Tensor,
+    *,
+    chunk_size: int = 1024,
+    topk: int = 5,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sum over rows of the soft CE -sum_x p(x) log q(x), p = softmax(target_weight target_hidden) (no grad),
+    q = softmax(weight hidden), chunked and checkpointed like chunked_ce. hidden, target_hidden [N, H];
+    weight, target_weight [V, H] -> (loss_sum, top1_hits, topk_hits) against the target's argmax."""
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    k = min(topk, weight.shape[0])
+    rows = (hidden, target_hidden.detach())
+    return _sum_chunks(_soft_ce_chunk, rows, (weight, target_weight, k), chunk_size, grad)

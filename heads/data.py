@@ -1,4 +1,5 @@
-"""Head training data: target-generated conversations (`draftsmith generate`) as token ids, padded batches.
+"""Head training data: target-generated conversations (`draftsmith generate`) and fixed prompt+response text
+as token ids, padded batches.
 
 An example is prompt_ids + response_ids with loss_mask = 1 on the response (heads learn to draft answers).
 Every example keeps a stable integer `index` so hidden-state caches can be keyed by it.
@@ -15,53 +16,124 @@ from draftsmith.errors import DraftsmithError
 
 
 def load_examples(
-    generated: str, *, max_length: int = 1024, limit: int | None = None, loss_on_prompt: bool = False
+    generated: str | list[str],
+    *,
+    max_length: int = 1024,
+    limit: int | None = None,
+    loss_on_prompt: bool = False,
+    tokenizer=None,
 ) -> list[dict]:
-    """Rows of a generated-data folder -> [{"index", "input_ids", "loss_mask"}] (truncated to max_length).
+    """Training conversations -> [{"index", "input_ids", "loss_mask", "response_mask", "source"}].
+
+    `generated`: one source or a list mixing `draftsmith generate` folders (target-answered prompts) and fixed
+    prompt+response files (.jsonl/.json/.parquet, or `builtin:train-text`; read by
+    draftsmith.distill.policies.examples_from_file, which needs `tokenizer`). Fixed text is legitimate head data:
+    an EAGLE/Medusa head's labels are the target's own distributions on whatever tokens it reads (EAGLE-1 trained
+    on fixed ShareGPT text); only its inputs are off-policy. `limit` caps each source; every example keeps a
+    stable integer `index` (position in the concatenation) so hidden-state caches can be keyed by it.
     loss_on_prompt: also learn on prompt tokens (their target states are computed anyway: free extra signal when
     data is scarce; the labels are still the target's distributions, so nothing is learned off-policy but inputs)."""
+    sources = [generated] if isinstance(generated, str) else list(generated)
+    if not sources:
+        raise DraftsmithError(
+            "data.generated is empty; give a draftsmith generate folder or builtin:train-text"
+        )
+    out: list[dict] = []
+    index = 0
+    for src in sources:
+        pairs = _source_pairs(str(src), limit, tokenizer)
+        n_src = 0
+        for prompt, response in pairs:
+            ids = (prompt + response)[:max_length]
+            mask = ([int(loss_on_prompt)] * len(prompt) + [1] * len(response))[:max_length]
+            resp = ([0] * len(prompt) + [1] * len(response))[:max_length]
+            if sum(resp) >= 2:
+                out.append(
+                    {
+                        "index": index,
+                        "input_ids": ids,
+                        "loss_mask": mask,
+                        "response_mask": resp,
+                        "source": src,
+                    }
+                )
+                n_src += 1
+            index += 1
+        if n_src == 0:
+            raise DraftsmithError(
+                f"{src}: no example has a response of >= 2 tokens within max_length={max_length}"
+            )
+    return out
+
+
+def _source_pairs(src: str, limit: int | None, tokenizer) -> list[tuple[list[int], list[int]]]:
+    """(prompt_ids, response_ids) of one source; refuses evaluation sets (never train on what you evaluate)."""
     import json
     from pathlib import Path
 
     from draftsmith.prompts import is_eval_source
-    from draftsmith.selfdistill import load_generated
 
-    rows = load_generated(generated, limit=limit)
-    settings = json.loads((Path(generated) / "manifest.json").read_text()).get("settings", {})
-    source = str(settings.get("prompts") or "")
-    if settings.get("for_eval") or (source and is_eval_source(source)):
+    if is_eval_source(src):
         raise DraftsmithError(
-            f"{generated} was generated from an evaluation set ({source or 'for_eval'}); "
-            "train heads on training prompts (e.g. builtin:train), never on what you evaluate"
+            f"{src} is an evaluation set; train heads on training data (a generate folder of builtin:train "
+            "prompts, builtin:train-text), never on what you evaluate"
         )
-    out = []
-    for i, r in enumerate(rows):
-        ids = (list(r["prompt_ids"]) + list(r["response_ids"]))[:max_length]
-        mask = ([int(loss_on_prompt)] * len(r["prompt_ids"]) + [1] * len(r["response_ids"]))[:max_length]
-        response = ([0] * len(r["prompt_ids"]) + [1] * len(r["response_ids"]))[:max_length]
-        if sum(response) >= 2:
-            out.append({"index": i, "input_ids": ids, "loss_mask": mask, "response_mask": response})
-    if not out:
-        raise DraftsmithError(
-            f"{generated}: no example has a response of >= 2 tokens within max_length={max_length}"
-        )
-    return out
+    path = Path(src)
+    if path.is_dir():
+        from draftsmith.selfdistill import load_generated
+
+        rows = load_generated(src, limit=limit)
+        manifest = path / "manifest.json"
+        settings = json.loads(manifest.read_text()).get("settings", {}) if manifest.is_file() else {}
+        source = str(settings.get("prompts") or "")
+        if settings.get("for_eval") or (source and is_eval_source(source)):
+            raise DraftsmithError(
+                f"{src} was generated from an evaluation set ({source or 'for_eval'}); "
+                "train heads on training prompts (e.g. builtin:train), never on what you evaluate"
+            )
+        return [(list(r["prompt_ids"]), list(r["response_ids"])) for r in rows]
+    if tokenizer is None:
+        raise DraftsmithError(f"{src} is a text file: load_examples needs the target's tokenizer to read it")
+    from draftsmith.distill.policies import examples_from_file
+
+    examples = examples_from_file(src, tokenizer)
+    if limit:
+        examples = examples[:limit]
+    return [(list(e.prompt_ids), list(e.response_ids)) for e in examples]
+
+
+def data_fingerprint(examples: list[dict]) -> str:
+    """sha1 of every example's index and token ids: a hidden-state cache keyed by index is only valid for it."""
+    import hashlib
+    from array import array
+
+    h = hashlib.sha1()
+    for e in examples:
+        h.update(array("q", [e["index"], len(e["input_ids"]), *e["input_ids"]]).tobytes())
+    return h.hexdigest()[:16]
 
 
 def split_examples(
     examples: list[dict], eval_fraction: float, max_eval: int, seed: int = 0
 ) -> tuple[list, list]:
-    """Held-out split by a seeded shuffle (eval examples are never trained on)."""
-    order = list(range(len(examples)))
+    """Held-out split by a seeded shuffle (eval examples are never trained on). With several sources the held-out
+    rows come from the first one only (the target-generated data, closest to what the decoder drafts); the other
+    sources are all trained on."""
+    first = examples[0].get("source") if examples else None
+    pool = [i for i, e in enumerate(examples) if e.get("source") == first]
+    rest = [i for i, e in enumerate(examples) if e.get("source") != first]
+    n_pool = len(pool)
+    order = list(range(n_pool))
     random.Random(seed).shuffle(order)
-    n_eval = min(max_eval, int(round(len(examples) * eval_fraction)))
-    if len(examples) > 1:
-        n_eval = max(1, min(n_eval, len(examples) - 1))
+    n_eval = min(max_eval, int(round(n_pool * eval_fraction)))
+    if len(examples) > 1 and n_pool > 0:
+        n_eval = max(1, min(n_eval, len(examples) - 1, n_pool))
     else:
         n_eval = 0
+    held = sorted(pool[j] for j in order[:n_eval])
     # held-out acceptance is measured on responses only (what the decoder drafts), whatever the training mask
-    ev = [{**examples[i], "loss_mask": examples[i]["response_mask"]} for i in sorted(order[:n_eval])]
-    tr = [examples[i] for i in sorted(order[n_eval:])]
+    ev = [{**examples[i], "loss_mask": examples[i]["response_mask"]} for i in held]
+    tr = [examples[i] for i in sorted([pool[j] for j in order[n_eval:]] + rest)]
     return tr, ev
 
 

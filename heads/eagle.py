@@ -94,6 +94,29 @@ def _rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+class KVBuffer:
+    """Preallocated keys/values of the head's attention at decode time: rows [0, length) are live. `write`
+    stores a call's (k, v) [B, h_kv, T, D] at rows [length, length + T) and returns views of rows
+    [0, length + T) -- no concatenation of the whole context per draft depth. The caller moves `length`
+    (commit context rows; leave it to drop drafted rows, which are overwritten by the next write)."""
+
+    def __init__(self, batch: int, n_kv: int, head_dim: int, dtype, device, capacity: int = 256):
+        self.k = torch.empty(batch, n_kv, capacity, head_dim, dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
+        self.length = 0
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + k.shape[2]
+        if end > self.k.shape[2]:  # grow geometrically (amortised O(1) per row)
+            cap = max(end, 2 * self.k.shape[2])
+            grow = (*self.k.shape[:2], cap - self.k.shape[2], self.k.shape[3])
+            self.k = torch.cat([self.k, self.k.new_empty(grow)], 2)
+            self.v = torch.cat([self.v, self.v.new_empty(grow)], 2)
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
 class Attention(nn.Module):
     def __init__(self, c: EagleConfig, in_dim: int):
         super().__init__()
@@ -105,9 +128,11 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, mask, kv_extra=None, diag_kv=None):
         """x [B, T, in]; mask [B|1, 1, T, S] bool (True = attend). Plain mode (diag_kv None): keys are
-        kv_extra ++ this call's keys, S = S_extra + T. Training-time-test mode (diag_kv a list, possibly empty):
-        kv_extra are the step-0 keys masked by `mask` (S = T, causal) and each column also attends to its own
-        earlier unroll steps (diag_kv) and itself. Returns out [B, T, H] and this call's post-RoPE (k, v)."""
+        kv_extra ++ this call's keys, S = S_extra + T; kv_extra may also be a KVBuffer (decoding: this call's
+        keys are written into it at its `length` and the attention reads rows [0, length + T) in place).
+        Training-time-test mode (diag_kv a list, possibly empty): kv_extra are the step-0 keys masked by `mask`
+        (S = T, causal) and each column also attends to its own earlier unroll steps (diag_kv) and itself.
+        Returns out [B, T, H] and this call's post-RoPE (k, v)."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.d).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.n_kv, self.d).transpose(1, 2)
@@ -116,11 +141,12 @@ class Attention(nn.Module):
         rep = self.n_heads // self.n_kv
         if diag_kv is None:
             keys, vals = k, v
-            if kv_extra is not None:
+            if isinstance(kv_extra, KVBuffer):
+                keys, vals = kv_extra.write(k, v)
+            elif kv_extra is not None:
                 keys, vals = torch.cat([kv_extra[0], k], 2), torch.cat([kv_extra[1], v], 2)
-            out = F.scaled_dot_product_attention(
-                q, keys.repeat_interleave(rep, 1), vals.repeat_interleave(rep, 1), attn_mask=mask
-            )
+            # grouped-query attention without materialising repeated keys (SDPA enable_gqa, torch >= 2.5)
+            out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=rep > 1)
         else:
             # EAGLE-3 training-time test, unroll step i >= 1: column t sees the real context through the step-0
             # keys (kv_extra, causal mask) plus its own unroll steps 1..i at the same column -- exactly what a
@@ -290,11 +316,15 @@ class EagleHead(nn.Module):
         kv_extra=None,
         diag_kv=None,
         from_target: bool = True,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ):
         """embeds [B, T, H] of tokens t+1; hidden [B, T, H_in]: target features (from_target: fc applied) or the
-        head's own previous outputs. position_ids [B, T]. Returns (out [B, T, H] pre-norm, (k, v))."""
+        head's own previous outputs. position_ids [B, T]; rope: precomputed (cos, sin) [B, 1, T, D] for them
+        (decoding caches a table). Returns (out [B, T, H] pre-norm, (k, v))."""
         c = self.config
-        cos, sin = rope_cos_sin(position_ids, c.head_dim, c.rope_theta, embeds.dtype)
+        if rope is None:
+            rope = rope_cos_sin(position_ids, c.head_dim, c.rope_theta, embeds.dtype)
+        cos, sin = rope
         if c.kind == "eagle3":
             if from_target:
                 hidden = self.fc(hidden)

@@ -67,6 +67,9 @@ class CacheSpec:
     aux_layers: list[int]
     hidden_size: int
     dtype: str = "float16"
+    data: str | None = None
+    """Fingerprint of the training examples (heads.data.data_fingerprint): the cache is keyed by example index,
+    so a cache built for other data (other sources, order, limit or max_length) must be refused, not misread."""
 
 
 class HiddenStateCache:
@@ -89,14 +92,25 @@ class HiddenStateCache:
         }
         if target is not None:
             meta["target_fingerprint"] = target_fingerprint(target)
+        if spec.data is not None:
+            meta["data_fingerprint"] = spec.data
         meta_file = self.path / "meta.json"
         if meta_file.is_file():
             old = json.loads(meta_file.read_text())
             if old.get("kind") == "eagle3" and spec.kind != "eagle3":
                 # an EAGLE-3 cache holds the final state too: Medusa / EAGLE-1 runs reuse it (and keep it complete)
-                spec = self.spec = CacheSpec("eagle3", list(old["aux_layers"]), spec.hidden_size, spec.dtype)
+                spec = self.spec = CacheSpec(
+                    "eagle3", list(old["aux_layers"]), spec.hidden_size, spec.dtype, spec.data
+                )
                 meta.update(kind="eagle3", aux_layers=spec.aux_layers)
-            for key in ("kind", "aux_layers", "hidden_size", "dtype", "target_fingerprint"):
+            for key in (
+                "kind",
+                "aux_layers",
+                "hidden_size",
+                "dtype",
+                "target_fingerprint",
+                "data_fingerprint",
+            ):
                 if key in meta and key in old and old[key] != meta[key]:
                     raise DraftsmithError(
                         f"hidden-state cache {self.path} was written for {key}={old[key]}, this run "
@@ -122,7 +136,7 @@ class HiddenStateCache:
     def put(self, example: int, feats: dict[str, torch.Tensor]) -> None:
         """feats: {"last": [T_i, H], "aux": [T_i, 3H]} for one unpadded example."""
         for name, t in feats.items():
-            t = t.detach().to("cpu", self.dtype)
+            t = t.detach().to("cpu", self.dtype, copy=True)  # own storage: a view would pin its whole batch
             if self.dtype == torch.float16 and not torch.isfinite(t).all():
                 raise DraftsmithError("target hidden states overflow float16; set data.cache_dtype=bfloat16")
             self._buffer[f"{int(example)}.{name}"] = t.contiguous()

@@ -23,6 +23,7 @@ Head = MedusaHeads | EagleHead
 ACCURACY_FILE = (
     "head_accuracy.json"  # measured per-head/per-depth top-k accuracy (Medusa trees are built from it)
 )
+LORA_DIR = "target_lora"  # Medusa-2: the target's LoRA adapter (peft save_pretrained), beside the heads
 
 
 def save_head(head: Head, out_dir: str | os.PathLike, extra_json: dict | None = None) -> Path:
@@ -64,3 +65,30 @@ def read_accuracy(path: str | os.PathLike) -> dict | None:
         return json.loads(f.read_text())
     except json.JSONDecodeError as e:
         raise DraftsmithError(f"{f} is not valid JSON ({e}); re-run the head eval to rewrite it") from None
+
+
+def merge_target_lora(target_model, head_dir: str | os.PathLike) -> bool:
+    """Medusa-2: fold the LoRA adapter saved in `head_dir/target_lora` into `target_model`'s weights IN PLACE
+    (W += B A * alpha / r, peft merge_and_unload), so the heads decode with the backbone they were trained with.
+    Plain decoding of the same object then runs the merged model too: Medusa-2 speedups are measured against
+    the fine-tuned target, whose greedy output is what speculative decoding reproduces. Returns False if the
+    folder holds no adapter (Medusa-1)."""
+    lora = Path(head_dir) / LORA_DIR
+    if not (lora / "adapter_config.json").is_file():
+        return False
+    from peft import PeftModel
+
+    if hasattr(target_model, "peft_config"):
+        raise DraftsmithError(f"target already carries a peft adapter; load a plain target to merge {lora}")
+    dtype = next(target_model.parameters()).dtype
+    try:
+        wrapped = PeftModel.from_pretrained(target_model, str(lora), is_trainable=False)
+    except (ValueError, RuntimeError, KeyError) as e:
+        raise DraftsmithError(
+            f"{lora} does not fit this target ({e}); pass the target the head was trained for"
+        ) from None
+    merged = wrapped.merge_and_unload()  # the same module tree, LoRA layers replaced by merged Linear layers
+    if merged is not target_model:
+        raise DraftsmithError(f"merging {lora} did not update the target in place; unsupported peft version")
+    target_model.to(dtype)
+    return True

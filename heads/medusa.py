@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.common import chunked_ce, output_head, target_info
+from draftsmith.heads.common import chunked_ce, chunked_soft_ce, output_head, target_info
 
 
 @dataclass
@@ -95,9 +95,14 @@ class MedusaHeads(nn.Module):
         decay: float = 0.8,
         chunk_size: int = 1024,
         max_rows: int = 0,
+        target_head: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Medusa-1 loss sum_k decay^k * CE_k (Medusa eq. 1), CE_k averaged over valid positions.
         hidden [B, T, H] at positions t; input_ids/loss_mask [B, T]; head k's label at t is input_ids[t+2+k].
+        target_head [V, H] (the frozen target's lm_head): self-distillation labels instead -- head k at t learns
+        the target's distribution at t+1+k, softmax(W f_{t+1+k}), over the data's prefix (Medusa-2's
+        self-distillation, sec. 2.3.2). That is exactly what greedy verification checks (the target's argmax
+        there), and it makes fixed text usable: the data's tokens are inputs only, never labels.
         max_rows > 0: a uniform sample of that many positions per head (unbiased; the [H, V] projections dominate
         the cost, so on a CPU this buys many more optimizer steps per second)."""
         hidden = hidden.to(self.lm_heads[0].weight.dtype)
@@ -110,14 +115,19 @@ class MedusaHeads(nn.Module):
             labels = input_ids[:, shift:]
             valid = loss_mask[:, shift:].bool()
             rows = hidden[:, :-shift][valid]  # [N, H]
-            targets = labels[valid]
+            targets = labels[valid] if target_head is None else hidden[:, shift - 1 : -1][valid]
             if max_rows and rows.shape[0] > max_rows:
                 pick = torch.randperm(rows.shape[0], device=rows.device)[:max_rows]
                 rows, targets = rows[pick], targets[pick]
             n = rows.shape[0]
             if n == 0:
                 continue
-            loss_sum, top1, topk = chunked_ce(blk(rows), lm.weight, targets, chunk_size=chunk_size)
+            if target_head is None:
+                loss_sum, top1, topk = chunked_ce(blk(rows), lm.weight, targets, chunk_size=chunk_size)
+            else:
+                loss_sum, top1, topk = chunked_soft_ce(
+                    blk(rows), lm.weight, targets, target_head.to(lm.weight.dtype), chunk_size=chunk_size
+                )
             ce = loss_sum / n
             total = total + decay**k * ce
             metrics[f"head{k}/ce"] = float(ce.detach())

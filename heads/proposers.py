@@ -18,6 +18,7 @@ never added to it: after verification the accepted tokens are re-run with the ta
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -27,10 +28,12 @@ from draftsmith.decode.proposer import Proposal
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.common import base_decoder, output_head
 from draftsmith.heads.eagle import EagleHead
-from draftsmith.heads.io import load_head, read_accuracy
+from draftsmith.heads.io import load_head, merge_target_lora, read_accuracy
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.trees import chain_tree, medusa_tree, tree_parents
 from draftsmith.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 class MedusaProposer:
@@ -64,7 +67,11 @@ class MedusaProposer:
 
 
 class EagleProposer:
-    """EAGLE-1/EAGLE-3 head drafting an EAGLE-2 dynamic tree (top_k=1: a chain)."""
+    """EAGLE-1/EAGLE-3 head drafting an EAGLE-2 dynamic tree (top_k=1: a chain).
+
+    Per step: one head forward over the newly committed tokens (context rows, written to a preallocated
+    KVBuffer), then depth-1 forwards of top_k rows each. The per-depth work is tensor ops only (ancestor masks
+    gathered from the parents' rows, RoPE from a cached table); the host sees the tree once, at the end."""
 
     name = "eagle"
 
@@ -75,16 +82,40 @@ class EagleProposer:
             )
         self.head, self.c = head, head.config
         self.top_k, self.depth, self.total = top_k, depth, total_tokens
+        self.max_nodes = total_tokens  # the decoder sizes static caches from it
+        self.tree = f"eagle2 dynamic top_k={top_k} depth={depth} total_tokens={total_tokens}"
         self.embed = base_decoder(target).embed_tokens.weight
         self.lm_weight = output_head(target).weight
         n = target.config.num_hidden_layers
         self.eagle3 = self.c.kind == "eagle3"
         self.hidden_state_layers = tuple(self.c.aux_hidden_state_layer_ids) if self.eagle3 else (n,)
         self.vocab_ids = head.vocab_ids
+        self.dtype = self.embed.dtype
+        self._rope_table(1024)
+
+    def _rope_table(self, n: int) -> None:
+        from draftsmith.heads.eagle import rope_cos_sin
+
+        pos = torch.arange(n, device=self.embed.device)[None]
+        cos, sin = rope_cos_sin(pos, self.c.head_dim, self.c.rope_theta, self.dtype)
+        self._cos, self._sin = cos[0, 0], sin[0, 0]  # [n, D]
+
+    def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """pos [T] -> (cos, sin) [1, 1, T, D] from the cached table (grown on demand)."""
+        need = int(pos.max()) + 1
+        if need > self._cos.shape[0]:
+            self._rope_table(max(need, 2 * self._cos.shape[0]))
+        return self._cos[pos][None, None], self._sin[pos][None, None]
 
     # -- context ----------------------------------------------------------------------------------------------
     def begin(self, tokens: torch.Tensor, hidden) -> None:
-        self.kv = None  # (k, v) [B, h_kv, S, D] of context entries 0..S-1
+        from draftsmith.heads.eagle import KVBuffer
+
+        c = self.c
+        cap = max(256, 2 * tokens.shape[1] + self.total)
+        self.kv = KVBuffer(
+            tokens.shape[0], c.num_key_value_heads, c.head_dim, self.dtype, self.embed.device, cap
+        )
         self._queue(hidden, tokens[:, 1:])
 
     def advance(self, accepted_nodes, new_tokens, hidden) -> None:
@@ -92,21 +123,27 @@ class EagleProposer:
 
     def _queue(self, hidden, tokens) -> None:
         feats = torch.cat(hidden, -1) if self.eagle3 else hidden[0]  # [B, n, 3H | H]
-        self.pending = (feats.to(self.embed.dtype), tokens.to(self.embed.device))
+        self.pending = (feats.to(self.dtype), tokens.to(self.embed.device))
 
     def _run_pending(self) -> torch.Tensor:
+        """Context rows (target feature at s, token s+1) at positions s; committed to the KV buffer."""
         feats, toks = self.pending
         b, n = toks.shape
-        start = 0 if self.kv is None else self.kv[0].shape[2]
-        pos = (start + torch.arange(n, device=toks.device))[None].expand(b, n)
-        mask = torch.ones(n, start + n, dtype=torch.bool, device=toks.device)
-        mask[:, start:] = torch.ones(n, n, dtype=torch.bool, device=toks.device).tril()
-        out, (k, v) = self.head.step(
-            self.embed[toks], feats, pos, mask[None, None], kv_extra=self.kv, from_target=True
+        start = self.kv.length
+        dev = toks.device
+        pos = start + torch.arange(n, device=dev)
+        mask = torch.ones(n, start + n, dtype=torch.bool, device=dev)
+        mask[:, start:] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+        out, _ = self.head.step(
+            self.embed[toks],
+            feats,
+            pos[None].expand(b, n),
+            mask[None, None],
+            kv_extra=self.kv,
+            from_target=True,
+            rope=self._rope(pos),
         )
-        self.kv = (
-            (k, v) if self.kv is None else (torch.cat([self.kv[0], k], 2), torch.cat([self.kv[1], v], 2))
-        )
+        self.kv.length = start + n
         self.pending = None
         return out[:, -1]  # [B, H]: its logits give the depth-1 candidates
 
@@ -115,79 +152,62 @@ class EagleProposer:
         return torch.log_softmax(logits.float(), -1)
 
     # -- the tree ---------------------------------------------------------------------------------------------
+    @torch.inference_mode()
     def propose(self, k: int, params: SamplingParams, generator=None) -> Proposal:
         if self.pending is not None:
             self.root_out = self._run_pending()
         depth = min(self.depth, k)
         dev = self.embed.device
-        ctx_len = self.kv[0].shape[2]
-        # candidate nodes across all depths: draft-vocab index, cumulative log-prob, parent candidate (-1 = root)
-        top = self._logp(self.root_out)[0].topk(self.top_k)  # batch 1 (leading dim kept in the protocol)
-        frontier = torch.arange(self.top_k, device=dev)  # candidate ids of the nodes to expand next
+        kk = self.top_k
+        ctx_len = self.kv.length
+        # candidates across all depths: draft-vocab token, cumulative log-prob, parent candidate (-1 = root)
+        top = self._logp(self.root_out)[0].topk(kk)  # batch 1 (leading dim kept in the protocol)
+        toks_l, score_l = [top.indices], [top.values]
+        parent_l = [torch.full((kk,), -1, device=dev, dtype=torch.long)]
+        frontier = torch.arange(kk, device=dev)  # candidate ids of the nodes expanded next
         frontier_out = self.root_out.expand(
-            self.top_k, -1
-        )  # parents' outputs (the layer input of their children)
-        tree_k = tree_v = None  # keys of expanded nodes [1, h, M, D]
+            kk, -1
+        )  # their parents' outputs (the layer input of the children)
+        parent_rows = None  # expanded-node row of each frontier node's parent (None: children of the root)
         anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # ancestor-or-self among expanded nodes [M, M]
-        n_cand = self.top_k
-        all_tok, all_score = top.indices, top.values
-        all_parent = torch.full((self.top_k,), -1, device=dev, dtype=torch.long)
-        expanded_ids = []  # candidate id of each expanded node (row of tree_k)
-        self._level_sizes = []
+        eye = torch.eye(kk, dtype=torch.bool, device=dev)
+        n_cand = kk
         for d in range(1, depth):
-            m0 = len(expanded_ids)
-            toks = all_tok[frontier]
-            ids = toks if self.vocab_ids is None else self.vocab_ids[toks]
-            # rows: frontier nodes; each sees the context, its expanded ancestors and itself
-            par_rows = [
-                expanded_ids.index(int(p)) if int(p) >= 0 else -1 for p in all_parent[frontier].tolist()
-            ]
-            new_anc = torch.zeros(len(par_rows), m0 + len(par_rows), dtype=torch.bool, device=dev)
-            for r, pr in enumerate(par_rows):
-                if pr >= 0:
-                    new_anc[r, :m0] = anc[pr]
-                new_anc[r, m0 + r] = True
-            mask = torch.cat([torch.ones(len(par_rows), ctx_len, dtype=torch.bool, device=dev), new_anc], 1)
-            extra = (
-                self.kv
-                if tree_k is None
-                else (torch.cat([self.kv[0], tree_k], 2), torch.cat([self.kv[1], tree_v], 2))
-            )
-            pos = torch.full((1, len(par_rows)), ctx_len - 1 + d, device=dev)
-            out, (k_new, v_new) = self.head.step(
+            m0 = anc.shape[0]
+            f = frontier.shape[0]
+            # each frontier row sees the context, its expanded ancestors (its parent's row) and itself
+            inherited = anc[parent_rows] if parent_rows is not None else anc.new_zeros(f, m0)
+            new_anc = torch.cat([inherited, eye[:f, :f]], 1)  # [F, m0 + F]
+            mask = torch.cat([torch.ones(f, ctx_len, dtype=torch.bool, device=dev), new_anc], 1)
+            tok = torch.cat(toks_l)[frontier]
+            ids = tok if self.vocab_ids is None else self.vocab_ids[tok]
+            pos = torch.full((f,), ctx_len - 1 + d, device=dev)
+            self.kv.length = ctx_len + m0  # drafted rows live past the context until the next commit
+            out, _ = self.head.step(
                 self.embed[ids][None],
                 frontier_out[None],
-                pos,
+                pos[None],
                 mask[None, None],
-                kv_extra=extra,
-                from_target=not self.eagle3,
+                kv_extra=self.kv,
+                from_target=not self.eagle3,  # EAGLE-1 always fuses [embed; feature]; EAGLE-3 feeds its output
+                rope=self._rope(pos),
             )
-            # EAGLE-1 always fuses [embed; feature] through fc; EAGLE-3 feeds its own output without fc
-            tree_k = k_new if tree_k is None else torch.cat([tree_k, k_new], 2)
-            tree_v = v_new if tree_v is None else torch.cat([tree_v, v_new], 2)
-            anc = torch.cat(
-                [torch.cat([anc, torch.zeros(m0, len(par_rows), dtype=torch.bool, device=dev)], 1), new_anc],
-                0,
-            )
-            expanded_ids += frontier.tolist()
-            logp = self._logp(out[0])  # [F, V_d]
-            child = logp.topk(self.top_k, dim=-1)
-            score = (all_score[frontier][:, None] + child.values).flatten()  # cumulative log-prob
-            ctok = child.indices.flatten()
-            cpar = frontier[:, None].expand(-1, self.top_k).flatten()
-            best = score.topk(min(self.top_k, score.numel())).indices  # next depth expands the top_k of these
-            all_tok, all_score = torch.cat([all_tok, ctok]), torch.cat([all_score, score])
-            all_parent = torch.cat([all_parent, cpar])
+            anc = torch.cat([torch.cat([anc, anc.new_zeros(m0, f)], 1), new_anc], 0)
+            child = self._logp(out[0]).topk(kk, dim=-1)  # [F, top_k]
+            score = (torch.cat(score_l)[frontier][:, None] + child.values).flatten()  # cumulative log-prob
+            toks_l.append(child.indices.flatten())
+            score_l.append(score)
+            parent_l.append(frontier[:, None].expand(-1, kk).flatten())
+            best = score.topk(min(kk, score.numel())).indices  # the next depth expands the top_k of these
             frontier = n_cand + best
-            frontier_out = out[0][best // self.top_k]
+            parent_rows = m0 + best // kk
+            frontier_out = out[0][best // kk]
             n_cand += score.numel()
-            self._level_sizes.append(score.numel())
+        self.kv.length = ctx_len
+        all_tok, all_score, all_parent = torch.cat(toks_l), torch.cat(score_l), torch.cat(parent_l)
         # rerank every candidate by cumulative log-prob; the depth penalty breaks ties (log-prob 0.0) in favour
         # of parents, so a child never outranks its parent and the chosen set is closed under ancestors
-        depth_of = torch.cat(
-            [torch.zeros(self.top_k, device=dev)]
-            + [torch.full((n,), float(i + 1), device=dev) for i, n in enumerate(self._level_sizes)]
-        )
+        depth_of = torch.cat([torch.full((t.numel(),), float(i), device=dev) for i, t in enumerate(toks_l)])
         keep = (all_score - 1e-4 * depth_of).topk(min(self.total, n_cand)).indices.sort().values
         where = {c: i for i, c in enumerate(keep.tolist())}
         parents = [where[p] if p >= 0 else -1 for p in all_parent[keep].tolist()]
@@ -210,10 +230,16 @@ def _split(arg: str) -> tuple[str, str]:
 
 
 def build_medusa(arg: str, ctx: DrafterContext) -> MedusaProposer:
-    """`medusa:DIR[,total_tokens=N,depth=D,chain=1]`: static tree from DIR/head_accuracy.json."""
+    """`medusa:DIR[,total_tokens=N,depth=D,chain=1]`: static tree from DIR/head_accuracy.json. A Medusa-2
+    folder (DIR/target_lora) has its LoRA merged into ctx.target first, in place: plain decoding in the same
+    run then uses the fine-tuned target as well, which is the model Medusa-2 speculative decoding reproduces."""
     path, opts = _split(arg)
     o = parse_kv(opts, {"total_tokens": int, "depth": int, "chain": int}, "medusa")
     heads = load_head(path, ctx.target)
+    if merge_target_lora(ctx.target, path):
+        log.warning(
+            "medusa: merged the Medusa-2 LoRA adapter of %s into the target (plain decoding too)", path
+        )
     if not isinstance(heads, MedusaHeads):
         raise DraftsmithError(f"{path} holds a {heads.head_type} head; use eagle:{path}")
     depth = min(o.get("depth", heads.config.num_heads), heads.config.num_heads)

@@ -17,10 +17,10 @@ import torch
 
 from draftsmith.config import to_dict
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.data import epoch_batches, load_examples, split_examples
+from draftsmith.heads.data import data_fingerprint, epoch_batches, load_examples, split_examples
 from draftsmith.heads.eagle import EagleHead, default_aux_layers
 from draftsmith.heads.hidden import CacheSpec, HiddenStateCache, HiddenStates, build_cache, bytes_per_token
-from draftsmith.heads.io import ACCURACY_FILE, save_head
+from draftsmith.heads.io import ACCURACY_FILE, LORA_DIR, save_head
 from draftsmith.heads.losses import EagleLoss
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.training import HeadTrainer, evaluate_heads
@@ -34,7 +34,7 @@ class ModelSection:
     target: str = "smollm2-135m"
     """Target: Hub id, folder, .gguf or smollm2-135m (frozen except Medusa-2's LoRA)."""
     dtype: str | None = None
-    """Target dtype; null = bf16 on CUDA, fp32 on CPU. Heads train in fp32 master weights (autocast per train)."""
+    """Target dtype; null = bf16 on CUDA and AMX CPUs, else fp32 (models.default_dtype). Heads train in fp32 master weights (autocast per train)."""
 
 
 @dataclass
@@ -73,6 +73,9 @@ class LossSection:
     """EAGLE-1: weight of the token CE next to the feature regression (weight 1)."""
     max_rows: int = 0
     """Medusa: positions sampled per head per micro-batch (0 = all); the vocab projections dominate the cost."""
+    medusa_labels: Literal["tokens", "target"] = "tokens"
+    """Medusa-1: tokens = the data's next tokens (as published); target = self-distillation, the frozen target's
+    distribution at t+1+k (what greedy verification checks; needed to learn from fixed, human-written text)."""
 
 
 @dataclass
@@ -93,12 +96,13 @@ class Medusa2Section:
 
 @dataclass
 class DataSection:
-    generated: str = "runs/generated"
-    """Folder written by `draftsmith generate` (target-answered prompts; never an eval set)."""
+    generated: list[str] = field(default_factory=lambda: ["runs/generated"])
+    """Training sources, one or a list: `draftsmith generate` folders (target-answered prompts) and fixed
+    prompt+response files (builtin:train-text, .jsonl). Never an eval set. Held-out rows come from the first."""
     max_length: int = 1024
     """Truncate prompt+response to this many tokens."""
     limit: int | None = None
-    """Use the first N rows only."""
+    """Use the first N rows of each source only."""
     loss_on_prompt: bool = False
     """Also train on prompt tokens (EAGLE labels are target distributions; useful when data is scarce)."""
     eval_fraction: float = 0.05
@@ -108,7 +112,9 @@ class DataSection:
     """online: run the target every step; offline: cache all states first; hybrid: cache during epoch 1."""
     hidden_cache: str | None = None
     """Cache folder (offline/hybrid); null = <output_dir>/hidden_cache."""
-    cache_dtype: Literal["float16", "bfloat16", "float32"] = "float16"
+    cache_dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
+    """auto: bfloat16 for a bf16 target (its states are bf16 already: lossless, and fp16 can overflow on
+    outlier activations), float16 otherwise."""
     shard_size: int = 256
     """Examples per cache shard."""
 
@@ -171,12 +177,18 @@ def run_heads(
     from draftsmith.trainer import run
 
     target = models.load_model(cfg.model.target, dtype=cfg.model.dtype, device=accelerator.device)
+    sources = cfg.data.generated
+    needs_tok = any(not Path(s).is_dir() for s in sources)
     examples = load_examples(
-        cfg.data.generated,
+        sources,
         max_length=cfg.data.max_length,
         limit=cfg.data.limit,
         loss_on_prompt=cfg.data.loss_on_prompt,
+        tokenizer=models.load_tokenizer(cfg.model.target) if needs_tok else None,
     )
+    cache_dtype = cfg.data.cache_dtype
+    if cache_dtype == "auto":
+        cache_dtype = "bfloat16" if target.dtype == torch.bfloat16 else "float16"
     train_ex, eval_ex = split_examples(
         examples, cfg.data.eval_fraction, cfg.data.max_eval_examples, cfg.train.seed
     )
@@ -186,7 +198,7 @@ def run_heads(
 
     cache = None
     if cfg.data.hidden_states != "online" and cfg.head.kind != "medusa2":
-        spec = CacheSpec(kind, aux, target.config.hidden_size, cfg.data.cache_dtype)
+        spec = CacheSpec(kind, aux, target.config.hidden_size, cache_dtype, data_fingerprint(examples))
         path = cfg.data.hidden_cache or str(Path(cfg.output_dir) / "hidden_cache")
         cache = HiddenStateCache(
             path, spec, target, rank=accelerator.process_index, shard_size=cfg.data.shard_size
@@ -240,14 +252,12 @@ def run_heads(
     def save_fn(module: HeadTrainer, out_dir: Path) -> None:
         save_head(module.head, out_dir, extra_json={ACCURACY_FILE: {"kind": cfg.head.kind, **last_eval}})
         if medusa2 is not None:  # Medusa-2 changed the target: the adapter ships beside the heads
-            module.target.save_pretrained(str(Path(out_dir) / "target_lora"))
+            module.target.save_pretrained(str(Path(out_dir) / LORA_DIR))
 
     bpt = bytes_per_token(
         kind,
         target.config.hidden_size,
-        {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[
-            cfg.data.cache_dtype
-        ],
+        {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[cache_dtype],
     )
     accelerator.print(
         f"{cfg.head.kind} head: {sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, "

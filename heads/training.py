@@ -44,8 +44,14 @@ class HeadTrainer(nn.Module):
             if self.medusa2 is not None:
                 return self._medusa2(ids, am, lm)
             feats = self.hidden(batch)
+            soft = getattr(self.loss_cfg, "medusa_labels", "tokens") == "target"
             loss, m = self.head.loss(
-                feats["last"], ids, lm, decay=self.loss_cfg.decay, max_rows=self.loss_cfg.max_rows
+                feats["last"],
+                ids,
+                lm,
+                decay=self.loss_cfg.decay,
+                max_rows=self.loss_cfg.max_rows,
+                target_head=output_head(self.frozen_target).weight if soft else None,
             )
         else:
             t = self.frozen_target
@@ -131,8 +137,10 @@ def evaluate_heads(
                 if n <= 0:
                     continue
                 valid = lm[:, s + 1 :].bool()  # [B, n]
-                greedy = F.linear(h[:, s : s + n][valid], lm_w).argmax(-1)
-                top = lmh(blk(h[:, :n][valid])).topk(min(RANKS, lmh.out_features), -1).indices
+                greedy = F.linear(h[:, s : s + n][valid].to(lm_w.dtype), lm_w).argmax(-1)
+                # the eval runs outside autocast: fp32 heads read a bf16 target's states in their own dtype
+                rows = h[:, :n][valid].to(lmh.weight.dtype)
+                top = lmh(blk(rows)).topk(min(RANKS, lmh.out_features), -1).indices
                 hits[j, : top.shape[1]] += (top == greedy[:, None]).double().sum(0)
                 counts[j] += float(valid.sum())
         rank_acc = (hits / counts.clamp(min=1)[:, None]).tolist()

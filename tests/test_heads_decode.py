@@ -167,3 +167,41 @@ def test_bad_head_specs(tiny_target, tmp_path):
         build_proposer(f"eagle:{tmp_path / 'm'}", ctx)
     with pytest.raises(DraftsmithError, match="bad eagle option"):
         build_proposer(f"eagle:{tmp_path / 'm'},width=3", ctx)
+
+
+def test_medusa2_lora_is_merged_into_the_target_for_decoding(tiny_dirs, tmp_path):
+    """medusa:DIR with DIR/target_lora decodes with the fine-tuned backbone: logits of the merged target equal the
+    adapter model's, and greedy speculative output equals the merged target's greedy output."""
+    from draftsmith.decode.drafters import DrafterContext, build_proposer
+    from draftsmith.distill.init import add_lora
+    from draftsmith.heads.io import LORA_DIR
+    from draftsmith.models import load_model
+
+    torch.manual_seed(0)
+    lora_model = add_lora(load_model(tiny_dirs["target"], device="cpu", dtype="float32"), r=4, alpha=8)
+    for name, p in lora_model.named_parameters():
+        if "lora_B" in name:  # peft zero-inits B: give the adapter a real effect
+            p.data.normal_(0, 0.05)
+    base = load_model(tiny_dirs["target"], device="cpu", dtype="float32")
+    save_head(MedusaHeads.from_target(base, 2, 1), tmp_path / "m2")
+    lora_model.save_pretrained(str(tmp_path / "m2" / LORA_DIR))
+    ids = torch.tensor([[1, 5, 9, 33, 70, 2, 40]])
+    with torch.no_grad():
+        want = lora_model(ids).logits
+        before = base(ids).logits
+    assert not torch.allclose(want, before, atol=1e-3)
+    proposer = build_proposer(f"medusa:{tmp_path / 'm2'}", DrafterContext(base, None, torch.device("cpu")))
+    with torch.no_grad():
+        got = base(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert not hasattr(base, "peft_config")  # merged and unloaded: a plain HF model again
+    dec = SpeculativeDecoder(base, eos_ids=set())
+    plain = dec.generate(ids, None, max_new_tokens=12)
+    spec = dec.generate(ids, proposer, k=2, max_new_tokens=12)
+    assert spec.tokens == plain.tokens
+    # a Medusa-1 folder (no adapter) leaves the target alone
+    other = load_model(tiny_dirs["target"], device="cpu", dtype="float32")
+    save_head(MedusaHeads.from_target(other, 2, 1), tmp_path / "m1")
+    build_proposer(f"medusa:{tmp_path / 'm1'}", DrafterContext(other, None, torch.device("cpu")))
+    with torch.no_grad():
+        torch.testing.assert_close(other(ids).logits, before)

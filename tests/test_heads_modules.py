@@ -61,6 +61,32 @@ def test_medusa_loss_labels_are_t_plus_2_plus_k(tiny_target):
     assert set(m) >= {"head0/top1", "head1/top5", "head1/ce"}
 
 
+def test_medusa_self_distillation_labels_are_the_target_distribution_at_t_plus_1_plus_k(tiny_target):
+    """loss.medusa_labels=target: head k at t learns softmax(W f_{t+1+k}); its top-1 metric is agreement with
+    the target's argmax there (what greedy verification accepts), whatever the data's own tokens are."""
+    heads = MedusaHeads.from_target(tiny_target, num_heads=2, num_layers=1)
+    _ = [torch.nn.init.normal_(blk.layers[0].weight, 0, 0.3) for blk in heads.blocks]
+    w = tiny_target.get_output_embeddings().weight.detach()
+    h = torch.randn(1, 7, 64)
+    ids = torch.randint(3, 300, (1, 7))
+    mask = torch.ones_like(ids)
+    loss, m = heads.loss(h, ids, mask, decay=0.5, target_head=w)
+    lg = heads(h)
+    want, hits = 0.0, []
+    for k, n in ((0, 5), (1, 4)):
+        p = torch.softmax(h[0, 1 + k : 1 + k + n] @ w.T, -1)
+        ce = -(p * torch.log_softmax(lg[k, 0, :n], -1)).sum(-1).mean()
+        want = want + 0.5**k * ce
+        hits.append(float((lg[k, 0, :n].argmax(-1) == p.argmax(-1)).float().mean()))
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+    assert [m["head0/top1"], m["head1/top1"]] == pytest.approx(hits)
+    # the data's tokens are not labels: changing them (same mask) leaves the loss unchanged
+    loss2, _ = heads.loss(h, torch.randint(3, 300, (1, 7)), mask, decay=0.5, target_head=w)
+    torch.testing.assert_close(loss2, loss)
+    loss.backward()
+    assert heads.blocks[1].layers[0].weight.grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
 def test_save_load_round_trip_reproduces_logits(tiny_target, tmp_path, kind):
     if kind == "medusa":

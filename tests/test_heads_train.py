@@ -8,6 +8,7 @@ import torch
 
 from draftsmith.config import load_config
 from draftsmith.errors import DraftsmithError
+from draftsmith.heads import EagleHead, MedusaHeads
 from draftsmith.heads.recipe import HeadsConfig, run_heads
 from draftsmith.trainer import make_accelerator
 
@@ -166,3 +167,101 @@ def test_hybrid_runs_the_target_once_per_example(tiny_dirs, generated, tmp_path,
     src(collate(ex[2:]))
     cache.flush()
     assert len(calls) == 2 and len(HiddenStateCache(tmp_path / "c", cache.spec, target).index) == 4
+
+
+def test_mixed_sources_hold_out_from_the_first_and_refuse_eval_sets(generated, tmp_path):
+    """data.generated may list generate folders and fixed prompt+response files; held-out rows come from the
+    first source only, indices stay unique, eval sets are refused, and a cache built for other data is refused."""
+    from draftsmith.heads.data import data_fingerprint, load_examples, split_examples
+    from draftsmith.heads.hidden import CacheSpec, HiddenStateCache
+    from draftsmith.testing import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    text = tmp_path / "fixed.jsonl"
+    text.write_text(
+        "\n".join(
+            json.dumps({"prompt": f"Count to {i}.", "response": " ".join(str(j) for j in range(i + 3))})
+            for i in range(6)
+        )
+        + "\n"
+    )
+    with pytest.raises(DraftsmithError, match="tokenizer"):
+        load_examples([generated, str(text)], max_length=160)
+    ex = load_examples([generated, str(text)], max_length=160, tokenizer=tok)
+    gen_only = load_examples(generated, max_length=160)
+    assert len(ex) == len(gen_only) + 6
+    assert len({e["index"] for e in ex}) == len(ex)
+    assert [e["input_ids"] for e in ex[: len(gen_only)]] == [e["input_ids"] for e in gen_only]
+    fixed = ex[len(gen_only) :]
+    assert fixed[0]["input_ids"][-1] == tok.eos_token_id and fixed[0]["source"] == str(text)
+    assert sum(fixed[0]["response_mask"]) == len(tok(" ".join(str(j) for j in range(3)))["input_ids"]) + 1
+    tr, ev = split_examples(ex, 0.5, 3, seed=0)
+    assert len(ev) == 3 and all(e["source"] == generated for e in ev)
+    assert {e["index"] for e in tr} | {e["index"] for e in ev} == {e["index"] for e in ex}
+    assert not {e["index"] for e in tr} & {e["index"] for e in ev}
+    assert sum(e["source"] == str(text) for e in tr) == 6  # the second source is all trained on
+    # a single source splits exactly as before (the existing caches and runs stay valid)
+    tr1, ev1 = split_examples(gen_only, 0.5, 3, seed=0)
+    assert [e["index"] for e in ev1] == [e["index"] for e in ev if e["source"] == generated]
+    limited = load_examples([generated, str(text)], max_length=160, tokenizer=tok, limit=2)
+    assert len(limited) == 4
+    with pytest.raises(DraftsmithError, match="evaluation set"):
+        load_examples([generated, "builtin:dev-eval"], max_length=160, tokenizer=tok)
+    # the cache is keyed by example index: one built for other data is refused
+    HiddenStateCache(tmp_path / "c", CacheSpec("medusa", [], 64, "float32", data_fingerprint(ex)))
+    assert data_fingerprint(ex) != data_fingerprint(limited)
+    with pytest.raises(DraftsmithError, match="data_fingerprint"):
+        HiddenStateCache(tmp_path / "c", CacheSpec("medusa", [], 64, "float32", data_fingerprint(limited)))
+
+
+def test_mixed_sources_train_in_process(tiny_dirs, generated, tmp_path):
+    text = tmp_path / "fixed.jsonl"
+    text.write_text(
+        "\n".join(
+            json.dumps({"prompt": f"Say {i}.", "response": f"{i} {i} {i} and the sea."}) for i in range(8)
+        )
+        + "\n"
+    )
+    out = tmp_path / "mix"
+    cfg = _cfg(
+        tiny_dirs,
+        generated,
+        out,
+        "eagle3",
+        "train.max_steps=2",
+        "data.hidden_states=hybrid",
+        f"data.generated={generated},{text}",
+    )
+    assert cfg.data.generated == [generated, str(text)]
+    s = run_heads(cfg, make_accelerator(cfg.train), progress=False)
+    assert s["step"] == 2 and s["cache_bytes"] > 0
+    meta = json.loads((out / "hidden_cache" / "meta.json").read_text())
+    assert meta["dtype"] == "float16" and meta["data_fingerprint"]  # fp32 tiny target: fp16 cache (auto)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle3"])
+def test_held_out_eval_with_a_bf16_target_and_fp32_heads(tiny_dirs, generated, kind):
+    """The eval runs outside autocast: fp32 master-weight heads must read a bf16 target's states (AMX CPUs, GPUs)."""
+    from draftsmith.heads.data import collate, load_examples
+    from draftsmith.heads.hidden import HiddenStates
+    from draftsmith.heads.recipe import LossSection
+    from draftsmith.heads.training import HeadTrainer, evaluate_heads
+    from draftsmith.models import load_model
+
+    target = load_model(tiny_dirs["target"], device="cpu", dtype="bf16")
+    if kind == "medusa":
+        head = MedusaHeads.from_target(target, 2, 1).float()
+        aux = []
+    else:
+        head = EagleHead.from_target(target, "eagle3", aux_layers=[0, 1, 2]).float()
+        aux = [0, 1, 2]
+    hidden = HiddenStates("online", target, aux)
+    batch = collate(load_examples(generated, max_length=160)[:3])
+    res = evaluate_heads(
+        HeadTrainer(head, target, hidden, LossSection(ttt_steps=2)),
+        [batch],
+        hidden,
+        eval_depth=2,
+        tree_tokens=4,
+    )
+    assert ("rank_accuracy" if kind == "medusa" else "acceptance_per_depth") in res
