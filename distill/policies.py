@@ -52,10 +52,12 @@ class RawBatch:
 def examples_from_generated(path: str | Path, for_eval: bool = False) -> list[Example]:
     """Examples from a `draftsmith generate` folder (token ids kept as generated). Folders of reference answers
     to evaluation prompts (generated with for_eval) are refused unless `for_eval`: never train on them."""
+    from draftsmith.prompts import is_eval_source
     from draftsmith.selfdistill import MANIFEST, load_generated
 
     man = Path(path) / MANIFEST
-    if not for_eval and man.is_file() and json.loads(man.read_text()).get("settings", {}).get("for_eval"):
+    settings = json.loads(man.read_text()).get("settings", {}) if man.is_file() else {}
+    if not for_eval and (settings.get("for_eval") or is_eval_source(str(settings.get("prompts") or ""))):
         raise DraftsmithError(
             f"{path} holds answers to evaluation prompts; train on data generated from other prompts"
         )
@@ -108,6 +110,38 @@ def examples_from_file(path: str | Path, tokenizer) -> list[Example]:
         raise DraftsmithError(
             f"{p} holds no record with both a prompt and a response; the fixed policy needs responses"
         )
+    return out
+
+
+def examples_from_sources(
+    sources: str | list[str], tokenizer=None, limits: int | list[int | None] | None = None
+) -> list[list[Example]]:
+    """One list of Examples per training source (a `draftsmith generate` folder, a prompt+response file or
+    `builtin:train-text`), each cut to its limit (one int for all, or one per source; None/0 = all). Evaluation
+    sets are refused wherever they stand in the list; `tokenizer` is needed only to read files (folders hold ids)."""
+    from draftsmith.prompts import is_eval_source
+
+    sources = [sources] if isinstance(sources, str) else list(sources)
+    if not sources:
+        raise DraftsmithError(
+            "no training data source given: a draftsmith generate folder or a .jsonl with responses"
+        )
+    limits = limits if isinstance(limits, list) else [limits] * len(sources)
+    if len(limits) != len(sources):
+        raise DraftsmithError(
+            f"data.limit has {len(limits)} entries for {len(sources)} sources; give one per source"
+        )
+    for src in sources:
+        if is_eval_source(src):
+            raise DraftsmithError(
+                f"{src} is an evaluation set; train on other data (a draftsmith generate folder of builtin:train "
+                "prompts, builtin:train-text), never on what you evaluate"
+            )
+    out = []
+    for src, lim in zip(sources, limits):
+        if tokenizer is None and not Path(src).is_dir():
+            raise DraftsmithError(f"{src} is a text file: reading it needs the target's tokenizer")
+        out.append(examples_from_file(src, tokenizer)[: lim or None])
     return out
 
 

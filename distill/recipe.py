@@ -25,7 +25,7 @@ from draftsmith.distill.policies import (
     PolicyKind,
     collate,
     dense_from_topk,
-    examples_from_file,
+    examples_from_sources,
     split_heldout,
 )
 from draftsmith.errors import DraftsmithError
@@ -339,33 +339,21 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
     from draftsmith import models
     from draftsmith.compat import check_compatible
     from draftsmith.distill.vocab import build_vocab_ids, token_counts
-    from draftsmith.prompts import is_eval_source
 
     m, d = cfg.model, cfg.data
     if cfg.push_to_hub:  # a bad repo id fails now, not after hours of training
         from draftsmith.hub import check_repo_id
 
         check_repo_id(cfg.push_to_hub)
-    sources = [d.source] if isinstance(d.source, str) else list(d.source or [])
-    if not sources:
+    if not d.source:
         raise DraftsmithError(
             "data.source is required: a draftsmith generate folder or a .jsonl with responses"
         )
-    limits = d.limit if isinstance(d.limit, list) else [d.limit] * len(sources)
-    if len(limits) != len(sources):
-        raise DraftsmithError(
-            f"data.limit has {len(limits)} entries for {len(sources)} sources; give one per source"
-        )
-    for src in sources:
-        if is_eval_source(src):
-            raise DraftsmithError(
-                f"{src} is an evaluation set; train on other data (e.g. draftsmith generate output)"
-            )
     if m.init == "existing" and m.draft:
         check_compatible(m.target, m.draft, m.trust_remote_code)  # before any weights load
     if tokenizer is None:
         tokenizer = models.load_tokenizer(m.target, m.trust_remote_code)
-    loaded = [examples_from_file(src, tokenizer)[: lim or None] for src, lim in zip(sources, limits)]
+    loaded = examples_from_sources(d.source, tokenizer, d.limit)
     train_ex, eval_ex = split_heldout(loaded[0], d.eval_size, cfg.train.seed)
     for extra in loaded[1:]:
         train_ex = train_ex + extra

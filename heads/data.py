@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from draftsmith.distill.policies import examples_from_sources
 from draftsmith.errors import DraftsmithError
 
 
@@ -27,7 +28,7 @@ def load_examples(
 
     `generated`: one source or a list mixing `draftsmith generate` folders (target-answered prompts) and fixed
     prompt+response files (.jsonl/.json/.parquet, or `builtin:train-text`; read by
-    draftsmith.distill.policies.examples_from_file, which needs `tokenizer`). Fixed text is legitimate head data:
+    draftsmith.distill.policies.examples_from_sources, which needs `tokenizer` for files). Fixed text is legitimate head data:
     an EAGLE/Medusa head's labels are the target's own distributions on whatever tokens it reads (EAGLE-1 trained
     on fixed ShareGPT text); only its inputs are off-policy. `limit` caps each source; every example keeps a
     stable integer `index` (position in the concatenation) so hidden-state caches can be keyed by it.
@@ -40,10 +41,10 @@ def load_examples(
         )
     out: list[dict] = []
     index = 0
-    for src in sources:
-        pairs = _source_pairs(str(src), limit, tokenizer)
+    for src, examples in zip(sources, examples_from_sources(sources, tokenizer, limit)):
         n_src = 0
-        for prompt, response in pairs:
+        for e in examples:
+            prompt, response = e.prompt_ids, e.response_ids
             ids = (prompt + response)[:max_length]
             mask = ([int(loss_on_prompt)] * len(prompt) + [1] * len(response))[:max_length]
             resp = ([0] * len(prompt) + [1] * len(response))[:max_length]
@@ -64,42 +65,6 @@ def load_examples(
                 f"{src}: no example has a response of >= 2 tokens within max_length={max_length}"
             )
     return out
-
-
-def _source_pairs(src: str, limit: int | None, tokenizer) -> list[tuple[list[int], list[int]]]:
-    """(prompt_ids, response_ids) of one source; refuses evaluation sets (never train on what you evaluate)."""
-    import json
-    from pathlib import Path
-
-    from draftsmith.prompts import is_eval_source
-
-    if is_eval_source(src):
-        raise DraftsmithError(
-            f"{src} is an evaluation set; train heads on training data (a generate folder of builtin:train "
-            "prompts, builtin:train-text), never on what you evaluate"
-        )
-    path = Path(src)
-    if path.is_dir():
-        from draftsmith.selfdistill import load_generated
-
-        rows = load_generated(src, limit=limit)
-        manifest = path / "manifest.json"
-        settings = json.loads(manifest.read_text()).get("settings", {}) if manifest.is_file() else {}
-        source = str(settings.get("prompts") or "")
-        if settings.get("for_eval") or (source and is_eval_source(source)):
-            raise DraftsmithError(
-                f"{src} was generated from an evaluation set ({source or 'for_eval'}); "
-                "train heads on training prompts (e.g. builtin:train), never on what you evaluate"
-            )
-        return [(list(r["prompt_ids"]), list(r["response_ids"])) for r in rows]
-    if tokenizer is None:
-        raise DraftsmithError(f"{src} is a text file: load_examples needs the target's tokenizer to read it")
-    from draftsmith.distill.policies import examples_from_file
-
-    examples = examples_from_file(src, tokenizer)
-    if limit:
-        examples = examples[:limit]
-    return [(list(e.prompt_ids), list(e.response_ids)) for e in examples]
 
 
 def data_fingerprint(examples: list[dict]) -> str:

@@ -1,7 +1,8 @@
 """Build draftsmith/data/train/reference_responses.jsonl.gz from ../shared/data/train (run once; output is shipped).
 
-Prompt + human-written response pairs (GSM8K worked answers, GPTeacher code and roleplay responses, self-instruct
-seed outputs). Trainers use them as *fixed* text the target scores (DistillSpec's fixed-data policy; EAGLE's
+Prompt + human-written response pairs (GSM8K worked answers without their <<calculator>> notes, GPTeacher code and
+roleplay responses; self-instruct seed outputs are read too, but all 175 seed tasks are already builtin:train
+prompts, so none is kept). Trainers use them as *fixed* text the target scores (DistillSpec's fixed-data policy; EAGLE's
 ShareGPT-style data): the labels are the target's own distributions, so the text only has to be varied. Prompts
 already in quickstart_prompts.jsonl are left out, so `builtin:train` and `builtin:train-text` do not overlap.
 
