@@ -1,14 +1,13 @@
-"""Drafter specs (`kind:arg`) -> Proposer. `DRAFTERS` maps a kind to a builder; `draftsmith.heads.proposers`
-registers `medusa` / `eagle` / `eagle3` when imported (lazily, the first time such a spec is used):
+"""Builders for the decoder's own drafter kinds (`draft:`, `ngram:`) and what every builder shares: the
+`DrafterContext` it gets and `parse_kv` for its `kind:path,key=value` options.
 
-    DRAFTERS["medusa"] = build_medusa   # def build_medusa(arg: str, ctx: DrafterContext) -> Proposer
-
-Builders check tokenizer compatibility *before* loading weights and raise DraftsmithError on bad input.
+A builder is `def build_x(arg: str, ctx: DrafterContext) -> Proposer`; the table from kind to builder lives in the
+app layer (draftsmith.app.drafters). Builders check tokenizer compatibility *before* loading weights and raise
+DraftsmithError on bad input.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +67,7 @@ def build_draft(arg: str, ctx: DrafterContext) -> Proposer:
     honoured); stop_below > 0 ends a step's draft at the first token the draft is less sure of than P."""
     from draftsmith import models
     from draftsmith.compat import _vocab_size, check_tokenizers
+    from draftsmith.vocab import load_draft_vocab
 
     path, _, opts = arg.partition(",")
     if not path:
@@ -81,66 +81,6 @@ def build_draft(arg: str, ctx: DrafterContext) -> Proposer:
     check_tokenizers(ctx.tokenizer, d_tok, ctx.target_vocab_size, _vocab_size(d_cfg))  # before any weights
     vocab_ids = None
     if ref.kind == "dir" and (Path(ref.path) / "draft_vocab.safetensors").is_file():
-        try:
-            from draftsmith.distill.vocab import load_draft_vocab
-        except ImportError:  # the distill library predates this checkpoint: read the contract tensor directly
-            from safetensors.torch import load_file
-
-            def load_draft_vocab(d):
-                return load_file(str(Path(d) / "draft_vocab.safetensors"))["vocab_ids"]
-
         vocab_ids = load_draft_vocab(ref.path)
     model = models.load_model(ref, dtype=ctx.dtype, device=ctx.device)
     return DraftModelProposer(model, ctx.target_vocab_size, vocab_ids, stop_below=stop_below)
-
-
-DRAFTERS: dict[str, Builder] = {"draft": build_draft, "ngram": build_ngram}
-LAZY_KINDS = {
-    "medusa": "draftsmith.heads.proposers",
-    "eagle": "draftsmith.heads.proposers",
-    "eagle3": "draftsmith.heads.proposers",
-}
-
-
-def split_spec(spec: str) -> tuple[str, str]:
-    kind, sep, arg = spec.partition(":")
-    if not sep:
-        raise DraftsmithError(
-            f"drafter {spec!r} has no kind; use one of {kinds()} as kind:arg, e.g. draft:path/to/dir"
-        )
-    return kind, arg
-
-
-def validate_spec(spec: str) -> tuple[str, str]:
-    """Cheap checks before anything loads: known kind, and a model path where the kind needs one."""
-    kind, arg = split_spec(spec)
-    if kind not in DRAFTERS and kind not in LAZY_KINDS:
-        raise DraftsmithError(
-            f"unknown drafter kind {kind!r}; use one of {kinds()} (e.g. draft:DIR or ngram:)"
-        )
-    if kind in ("draft", *LAZY_KINDS) and not arg:
-        raise DraftsmithError(f"drafter '{kind}:' needs a checkpoint: {kind}:<folder|hub id>")
-    if kind == "ngram":
-        build_ngram(arg, None)  # options are checked before any weights load
-    return kind, arg
-
-
-def kinds() -> str:
-    return ", ".join(sorted(set(DRAFTERS) | set(LAZY_KINDS)))
-
-
-def build_proposer(spec: str, ctx: DrafterContext) -> Proposer:
-    """Turn 'kind:arg' into a Proposer (loading weights if the kind has any)."""
-    kind, arg = split_spec(spec)
-    if kind not in DRAFTERS and kind in LAZY_KINDS:
-        try:
-            importlib.import_module(LAZY_KINDS[kind])  # registers its kinds in DRAFTERS
-        except ImportError as e:
-            raise DraftsmithError(
-                f"drafter kind {kind!r} needs {LAZY_KINDS[kind]}, which failed to import ({e})"
-            ) from None
-    if kind not in DRAFTERS:
-        raise DraftsmithError(
-            f"unknown drafter kind {kind!r}; use one of {kinds()} (e.g. draft:DIR or ngram:)"
-        )
-    return DRAFTERS[kind](arg, ctx)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.modeling import base_decoder
 
 # config attributes that hold one entry per decoder layer and must follow the kept layers
 _PER_LAYER_CONFIG_LISTS = ("layer_types", "no_rope_layers")
@@ -36,14 +37,6 @@ def select_layers(num_target_layers: int, n: int) -> list[int]:
     return [int(round(i * step)) for i in range(n)]
 
 
-def _decoder(model) -> torch.nn.Module:
-    decoder = getattr(model, getattr(model, "base_model_prefix", "model"), None)
-    if decoder is None or not isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
-        raise DraftsmithError(
-            f"{type(model).__name__} has no `.model.layers`; shrink supports Llama/Qwen2/Mistral-style causal LMs"
-        )
-    return decoder
-
 
 def _model_dtype(model) -> torch.dtype:
     return next(model.parameters()).dtype
@@ -55,7 +48,7 @@ def shrink(target_model, layers: Sequence[int]):
     Embeddings, the chosen layers, the final norm and lm_head are copied (new tensors; tied embeddings stay tied
     when the target ties them). Per-layer config lists (layer_types, ...) follow the kept layers.
     """
-    decoder = _decoder(target_model)
+    decoder = base_decoder(target_model)
     n_target = len(decoder.layers)
     layers = [int(i) for i in layers]
     if not layers:
@@ -184,15 +177,3 @@ def existing(spec: str, dtype: str | torch.dtype | None = None, device: str | to
     from draftsmith.models import load_model
 
     return load_model(spec, dtype=dtype, device=device, train=True)
-
-
-def add_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0, target_modules="all-linear"):
-    """Wrap `model` in LoRA adapters (peft). "all-linear" covers every Linear except the output layer (lm_head)."""
-    from peft import LoraConfig, get_peft_model
-
-    if r < 1:
-        raise DraftsmithError(f"LoRA rank r must be >= 1, got {r}")
-    config = LoraConfig(
-        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM"
-    )
-    return get_peft_model(model, config)

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import torch
 
 from draftsmith.acceptance import tau_iid
-from draftsmith.distill.divergences import flatten_pair
+from draftsmith.divergences import flatten_pair
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams, warp_probs
 

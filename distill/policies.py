@@ -17,28 +17,17 @@ input_ids [B, T], attention_mask [B, T], loss_mask [B, T] (1 on response tokens 
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.examples import Example, collate
 from draftsmith.selfdistill import left_pad
 
 PolicyKind = Literal["fixed", "target", "on_policy", "mixture"]
-
-
-@dataclass
-class Example:
-    prompt_ids: list[int]
-    response_ids: list[int]
-    id: str = ""
-    category: str = "default"
-    target_topk: tuple[torch.Tensor, torch.Tensor] | None = None
-    """Cached target scores of the response tokens: (values [R, k] fp16, ids [R, k] int32); see cache_target_topk."""
 
 
 @dataclass
@@ -47,135 +36,6 @@ class RawBatch:
     on_policy: bool = False
     index: int = 0
     meta: dict = field(default_factory=dict)
-
-
-def examples_from_generated(path: str | Path, for_eval: bool = False) -> list[Example]:
-    """Examples from a `draftsmith generate` folder (token ids kept as generated). Folders of reference answers
-    to evaluation prompts (generated with for_eval) are refused unless `for_eval`: never train on them."""
-    from draftsmith.prompts import is_eval_source
-    from draftsmith.selfdistill import MANIFEST, load_generated
-
-    man = Path(path) / MANIFEST
-    settings = json.loads(man.read_text()).get("settings", {}) if man.is_file() else {}
-    if not for_eval and (settings.get("for_eval") or is_eval_source(str(settings.get("prompts") or ""))):
-        raise DraftsmithError(
-            f"{path} holds answers to evaluation prompts; train on data generated from other prompts"
-        )
-
-    return [
-        Example(
-            list(r["prompt_ids"]), list(r["response_ids"]), str(r["id"]), str(r.get("category", "default"))
-        )
-        for r in load_generated(path)
-    ]
-
-
-def examples_from_file(path: str | Path, tokenizer) -> list[Example]:
-    """Examples from a jsonl/json file of records holding a prompt and its response: `messages` with an assistant
-    turn, or `prompt`/`instruction`/`question` + `response`/`output`/`answer`/`completion`. The prompt gets the chat
-    template (assistant turn opened); the response text is tokenised and closed with eos."""
-    from draftsmith.prompts import _read_records, builtin_file, prompt_ids, record_to_prompt
-
-    p = builtin_file(str(path)) or Path(path)
-    if p.is_dir():
-        return examples_from_generated(p)
-    if not p.is_file():
-        raise DraftsmithError(
-            f"data file {p} not found; pass a draftsmith generate folder or a .jsonl with responses"
-        )
-    out = []
-    for i, rec in enumerate(_read_records(p)):
-        if not isinstance(rec, dict):
-            continue
-        response = None
-        conv = rec.get("messages", rec.get("conversations"))
-        if isinstance(conv, list):
-            answers = [
-                m
-                for m in conv
-                if isinstance(m, dict) and m.get("role", m.get("from")) in ("assistant", "gpt")
-            ]
-            if answers:
-                response = str(answers[0].get("content", answers[0].get("value", "")))
-        if response is None:
-            response = next(
-                (str(rec[k]) for k in ("response", "output", "answer", "completion") if rec.get(k)), None
-            )
-        prompt = record_to_prompt(rec, i, p.stem)
-        if prompt is None or not response:
-            continue
-        ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        out.append(Example(prompt_ids(tokenizer, prompt), ids, prompt.id, prompt.category))
-    if not out:
-        raise DraftsmithError(
-            f"{p} holds no record with both a prompt and a response; the fixed policy needs responses"
-        )
-    return out
-
-
-def examples_from_sources(
-    sources: str | list[str], tokenizer=None, limits: int | list[int | None] | None = None
-) -> list[list[Example]]:
-    """One list of Examples per training source (a `draftsmith generate` folder, a prompt+response file or
-    `builtin:train-text`), each cut to its limit (one int for all, or one per source; None/0 = all). Evaluation
-    sets are refused wherever they stand in the list; `tokenizer` is needed only to read files (folders hold ids)."""
-    from draftsmith.prompts import is_eval_source
-
-    sources = [sources] if isinstance(sources, str) else list(sources)
-    if not sources:
-        raise DraftsmithError(
-            "no training data source given: a draftsmith generate folder or a .jsonl with responses"
-        )
-    limits = limits if isinstance(limits, list) else [limits] * len(sources)
-    if len(limits) != len(sources):
-        raise DraftsmithError(
-            f"data.limit has {len(limits)} entries for {len(sources)} sources; give one per source"
-        )
-    for src in sources:
-        if is_eval_source(src):
-            raise DraftsmithError(
-                f"{src} is an evaluation set; train on other data (a draftsmith generate folder of builtin:train "
-                "prompts, builtin:train-text), never on what you evaluate"
-            )
-    out = []
-    for src, lim in zip(sources, limits):
-        if tokenizer is None and not Path(src).is_dir():
-            raise DraftsmithError(f"{src} is a text file: reading it needs the target's tokenizer")
-        out.append(examples_from_file(src, tokenizer)[: lim or None])
-    return out
-
-
-def split_heldout(examples: list[Example], n_eval: int, seed: int = 0) -> tuple[list[Example], list[Example]]:
-    """Deterministic (train, held-out) split; the held-out examples never appear in training."""
-    if n_eval < 0:
-        raise DraftsmithError(f"eval size must be >= 0, got {n_eval}")
-    if n_eval >= len(examples):
-        raise DraftsmithError(
-            f"only {len(examples)} examples: cannot hold out {n_eval} for eval and still train; add data or lower it"
-        )
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
-    held = set(order[:n_eval])
-    return [e for i, e in enumerate(examples) if i not in held], [examples[i] for i in sorted(held)]
-
-
-def collate(seqs: list[tuple[list[int], list[int]]], pad_id: int, max_length: int) -> dict[str, torch.Tensor]:
-    """(prompt_ids, response_ids) pairs -> right-padded input_ids/attention_mask/loss_mask [B, T], T <= max_length.
-
-    Responses are cut at max_length; loss_mask marks response tokens (the tokens the draft is scored on)."""
-    rows = []
-    for prompt, response in seqs:
-        ids = (list(prompt) + list(response))[:max_length]
-        rows.append((ids, len(prompt)))
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for r, (ids, n_prompt) in enumerate(rows):
-        input_ids[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[r, : len(ids)] = 1
-        loss_mask[r, n_prompt : len(ids)] = True
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
 
 
 class _VocabMask:
@@ -317,23 +177,6 @@ class DataPolicy:
             )
             batch["target_topk_ids"] = torch.cat([e.target_topk[1][:n] for e, n in zip(raw.examples, kept)])
         return batch
-
-
-def save_examples(path: str | Path, examples: list[Example]) -> None:
-    """Write examples as jsonl (used to record the held-out split beside a run)."""
-    with Path(path).open("w") as f:
-        for e in examples:
-            f.write(
-                json.dumps(
-                    {
-                        "id": e.id,
-                        "category": e.category,
-                        "prompt_ids": e.prompt_ids,
-                        "response_ids": e.response_ids,
-                    }
-                )
-                + "\n"
-            )
 
 
 @torch.no_grad()

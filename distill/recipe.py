@@ -3,7 +3,7 @@
 `train/distill.py` (accelerate entry script) and `draftsmith quickstart` both call `run_distill(cfg, accelerator)`;
 the loop itself is the generic `draftsmith.trainer.run`. Loss (DistillSpec, Zhou et al. 2024, eq. 1):
     L = mean over response tokens t of  D(p(.|x, y<t) || q(.|x, y<t)),  p = target (no grad), q = draft,
-both at `loss.temperature`; D from `draftsmith.distill.divergences` (fkl, rkl, jsd, tvd, neg_log_accept, lk).
+both at `loss.temperature`; D from `draftsmith.divergences` (fkl, rkl, jsd, tvd, neg_log_accept, lk).
 Every eval logs predicted acceptance on held-out data (teacher-forced, i.i.d. tau formula): alpha (1 - TVD at the
 decode warp), top-1 agreement (greedy alpha) and tau for k = 1..8, bonus token included.
 """
@@ -18,17 +18,11 @@ from typing import Literal
 
 import torch
 
-from draftsmith.distill.divergences import DivergenceKind, divergence
-from draftsmith.distill.policies import (
-    DataPolicy,
-    Example,
-    PolicyKind,
-    collate,
-    dense_from_topk,
-    examples_from_sources,
-    split_heldout,
-)
+from draftsmith.distill.policies import DataPolicy, PolicyKind, dense_from_topk
+from draftsmith.divergences import DivergenceKind, divergence
 from draftsmith.errors import DraftsmithError
+from draftsmith.examples import Example, collate, examples_from_sources, split_heldout
+from draftsmith.modeling import causal_lm
 from draftsmith.trainer import TrainArgs
 
 log = logging.getLogger(__name__)
@@ -154,7 +148,7 @@ class DraftLM(torch.nn.Module):
         return getattr(inner, "_no_split_modules", None)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        from draftsmith.distill.vocab import restricted_logits
+        from draftsmith.vocab import restricted_logits
 
         vocab_ids = self.vocab_ids if self.has_vocab else None
         return restricted_logits(self.model, input_ids, attention_mask, vocab_ids=vocab_ids)[0]
@@ -178,11 +172,6 @@ def target_logits_at(
         return torch.tanh(logits / softcap) * softcap if softcap else logits
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    while hasattr(model, "module"):  # DDP / FSDP / torch.compile wrappers
-        model = model.module
-    return model
-
 
 def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
     """loss_fn(prepared DraftLM, RawBatch) -> (loss, metrics) for draftsmith.trainer.run."""
@@ -194,7 +183,7 @@ def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
         t2d[policy.vocab_ids] = torch.arange(policy.vocab_ids.numel(), device=t2d.device)
 
     def loss_fn(model: torch.nn.Module, raw) -> tuple[torch.Tensor, dict]:
-        draft = _unwrap(model)
+        draft = causal_lm(model)
         batch = policy.materialize(raw, draft.model if raw.on_policy else None)
         dev = next(draft.parameters()).device
         input_ids, attn = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
@@ -321,7 +310,7 @@ def build_draft(cfg: ModelArgs, target, device) -> tuple[torch.nn.Module, dict]:
     draft = draft.to(device=device, dtype=torch.float32).train()
     draft.requires_grad_(True)
     if cfg.lora.enabled:
-        from draftsmith.distill.init import add_lora
+        from draftsmith.modeling import add_lora
 
         draft = add_lora(
             draft,
@@ -338,7 +327,7 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
     """Load/check the target, data and draft. `target`/`tokenizer` may be passed in (already loaded)."""
     from draftsmith import models
     from draftsmith.compat import check_compatible
-    from draftsmith.distill.vocab import build_vocab_ids, token_counts
+    from draftsmith.vocab import build_vocab_ids, token_counts
 
     m, d = cfg.model, cfg.data
     if cfg.push_to_hub:  # a bad repo id fails now, not after hours of training
@@ -410,7 +399,7 @@ def save_draft(
 ) -> None:
     """final/: an HF causal LM folder (full-vocab lm_head; LoRA merged) + tokenizer + draft_vocab + provenance."""
     from draftsmith import models
-    from draftsmith.distill.vocab import save_draft_vocab
+    from draftsmith.vocab import save_draft_vocab
 
     model = draft.model
     if hasattr(model, "merge_and_unload"):  # peft: bake the adapters into the weights

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith.checkpoint import EXPORT_MANIFEST, read_json, target_hub_id
 from draftsmith.errors import DraftsmithError
-from draftsmith.exporters.checkpoint import EXPORT_MANIFEST, read_json, target_hub_id
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def describe_folder(path: str | os.PathLike) -> dict:
         man = read_json(p / EXPORT_MANIFEST, "re-run draftsmith export")
         fmt, kind, target = man.get("format"), man.get("source_kind"), dict(man.get("target") or {})
         return {"kind": kind, "format": fmt, "target": target, "path": p}
-    from draftsmith.exporters.checkpoint import read_checkpoint
+    from draftsmith.checkpoint import read_checkpoint
 
     ckpt = read_checkpoint(p)  # validates tensor names/shapes of heads before anything is published
     return {"kind": ckpt.kind, "format": None, "target": ckpt.target, "path": p, "config": ckpt.config}

@@ -15,10 +15,8 @@ Token ids (not text) are stored because re-tokenising decoded text does not give
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from typing import Any
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import write_json, write_text
 from draftsmith.models import eos_token_ids
 
 log = logging.getLogger(__name__)
@@ -65,12 +64,6 @@ def _read_manifest(out: Path) -> dict | None:
         raise DraftsmithError(
             f"{f} is not a draftsmith generated-data manifest ({e}); use another --out"
         ) from None
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
 
 
 def generate_dataset(
@@ -172,7 +165,7 @@ def generate_dataset(
         "n_rows": 0,
     }
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / MANIFEST, manifest)
+    write_json(out / MANIFEST, manifest)
     if not todo:
         log.info("%s: all %d prompts already answered", out, len(plist))
         return out
@@ -250,14 +243,10 @@ class _TokenCounter:
 
 def _flush(out: Path, manifest: dict, rows: list[dict]) -> None:
     name = f"shard-{len(manifest['shards']):05d}.jsonl"
-    tmp = out / (name + ".tmp")
-    with tmp.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, out / name)
+    write_text(out / name, "".join(json.dumps(row) + "\n" for row in rows))
     manifest["shards"].append({"file": name, "n_rows": len(rows)})
     manifest["n_rows"] += len(rows)
-    _write_json(out / MANIFEST, manifest)
+    write_json(out / MANIFEST, manifest)
 
 
 def _iter_rows(out: Path, manifest: dict):
@@ -304,54 +293,3 @@ def data_files(path: str | Path) -> list[str]:
     if manifest is None:
         raise DraftsmithError(f"{out} has no {MANIFEST}; it is not a draftsmith generate output folder")
     return [str(out / s["file"]) for s in manifest["shards"]]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--target", default="smollm2-135m", help="target model: Hub id, folder, .gguf or smollm2-135m"
-    )
-    p.add_argument(
-        "--prompts", default="builtin:train", help="prompt source (file, hf:name:split, builtin:train)"
-    )
-    p.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument(
-        "--shard-size", type=int, default=128, help="rows per shard (the unit a killed run can lose)"
-    )
-    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    p.add_argument(
-        "--skip-long", action="store_true", help="skip prompts that do not fit the context instead of failing"
-    )
-    p.add_argument(
-        "--max-prompt-tokens", type=int, default=None, help="skip prompts longer than this (tokens)"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, help="bf16|fp16|fp32 (default: bf16 on CUDA, fp32 on CPU)")
-
-
-def run(args: argparse.Namespace) -> int:
-    out = generate_dataset(
-        args.target,
-        args.prompts,
-        args.out,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        batch_size=args.batch_size,
-        shard_size=args.shard_size,
-        limit=args.limit,
-        skip_long=args.skip_long,
-        max_prompt_tokens=args.max_prompt_tokens,
-        seed=args.seed,
-        device=args.device,
-        dtype=args.dtype,
-    )
-    man = json.loads((out / MANIFEST).read_text())
-    print(f"{out}: {man['n_rows']} rows in {len(man['shards'])} shards")
-    return 0

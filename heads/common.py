@@ -20,23 +20,13 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import replace_dir
+from draftsmith.modeling import base_decoder
 
 log = logging.getLogger(__name__)
 
 HEAD_TYPES = ("medusa", "eagle", "eagle3")
 
-
-def base_decoder(model):
-    """The decoder stack (`model.model` of a *ForCausalLM), looking through a peft wrapper."""
-    if hasattr(model, "get_base_model"):
-        model = model.get_base_model()
-    return model.model
-
-
-def output_head(model) -> torch.nn.Linear:
-    if hasattr(model, "get_base_model"):
-        model = model.get_base_model()
-    return model.get_output_embeddings()
 
 
 def target_fingerprint(model) -> list[float]:
@@ -106,9 +96,7 @@ def write_head_dir(
         (tmp / name).write_text(text)
     for name, obj in (extra_json or {}).items():
         (tmp / name).write_text(json.dumps(obj, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+    return replace_dir(tmp, out)
 
 
 def read_head_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from draftsmith.distill.policies import examples_from_sources
 from draftsmith.errors import DraftsmithError
+from draftsmith.examples import examples_from_sources
 
 
 def load_examples(
@@ -28,7 +28,7 @@ def load_examples(
 
     `generated`: one source or a list mixing `draftsmith generate` folders (target-answered prompts) and fixed
     prompt+response files (.jsonl/.json/.parquet, or `builtin:train-text`; read by
-    draftsmith.distill.policies.examples_from_sources, which needs `tokenizer` for files). Fixed text is legitimate head data:
+    draftsmith.examples.examples_from_sources, which needs `tokenizer` for files). Fixed text is legitimate head data:
     an EAGLE/Medusa head's labels are the target's own distributions on whatever tokens it reads (EAGLE-1 trained
     on fixed ShareGPT text); only its inputs are off-policy. `limit` caps each source; every example keeps a
     stable integer `index` (position in the concatenation) so hidden-state caches can be keyed by it.

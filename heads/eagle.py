@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.common import base_decoder, target_info
+from draftsmith.heads.common import target_info
+from draftsmith.modeling import base_decoder
 
 
 @dataclass
@@ -245,7 +246,7 @@ class EagleHead(nn.Module):
         intermediate_size: int | None = None,
     ) -> EagleHead:
         """A new head sized like one target decoder layer. eagle3 needs the sorted target ids of the draft
-        vocabulary (draftsmith.distill.vocab.build_vocab_ids on token counts of the training data)."""
+        vocabulary (draftsmith.vocab.build_vocab_ids on token counts of the training data)."""
         t = target_model.config
         n_heads = t.num_attention_heads
         head_dim = getattr(t, "head_dim", None) or t.hidden_size // n_heads

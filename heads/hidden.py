@@ -24,7 +24,9 @@ from typing import Literal
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.common import base_decoder, target_fingerprint
+from draftsmith.fileio import atomic_write, write_json
+from draftsmith.heads.common import target_fingerprint
+from draftsmith.modeling import base_decoder
 
 HiddenMode = Literal["online", "offline", "hybrid"]
 
@@ -117,7 +119,7 @@ class HiddenStateCache:
                         f"needs {meta[key]}; use another data.hidden_cache dir or delete it"
                     )
         elif rank == 0:
-            _write_json(meta_file, meta)
+            write_json(meta_file, meta)
         self.index: dict[int, str] = {}
         for f in self.path.glob("index-rank*.json"):
             self.index.update({int(k): v for k, v in json.loads(f.read_text()).items()})
@@ -150,12 +152,10 @@ class HiddenStateCache:
         if not self._buffered:
             return
         name = f"shard-r{self.rank}-{self._n_shards:05d}.safetensors"
-        tmp = self.path / (name + ".tmp")
-        save_file(self._buffer, str(tmp))
-        os.replace(tmp, self.path / name)
+        atomic_write(self.path / name, lambda tmp: save_file(self._buffer, str(tmp)))
         for e in self._buffered:
             self.index[e] = self._own[e] = name
-        _write_json(
+        write_json(
             self.path / f"index-rank{self.rank}.json", {str(k): v for k, v in sorted(self._own.items())}
         )
         self._n_shards += 1
@@ -180,12 +180,6 @@ class HiddenStateCache:
 
     def disk_bytes(self) -> int:
         return sum(f.stat().st_size for f in self.path.glob("shard-*.safetensors"))
-
-
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
 
 
 def pad_features(rows: list[dict[str, torch.Tensor]], length: int, device, dtype) -> dict[str, torch.Tensor]:

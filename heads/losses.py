@@ -156,7 +156,7 @@ def eagle_loss(
                 p = shift_left(tgt_probs, 1 + i)[valid]  # p restricted to V_d, renormalised
                 li = -(p * torch.log_softmax(draft_logits.float(), -1)).sum(-1).mean()
             else:
-                from draftsmith.distill.divergences import divergence
+                from draftsmith.divergences import divergence
 
                 with torch.no_grad():
                     full = F.linear(tgt_rows, lm_full).float()

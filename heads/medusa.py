@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.common import chunked_ce, chunked_soft_ce, output_head, target_info
+from draftsmith.heads.common import chunked_ce, chunked_soft_ce, target_info
+from draftsmith.modeling import output_head
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Medusa and EAGLE proposers for the speculative decoder (draftsmith.decode.proposer protocol).
 
-Importing this module registers the drafter kinds `medusa:` and `eagle:` (EAGLE-1 or EAGLE-3, read from the
-head's config; `eagle3:` is an alias) in draftsmith.decode.drafters.DRAFTERS, so
+Builders for the drafter kinds `medusa:` and `eagle:` (EAGLE-1 or EAGLE-3, read from the head's config; `eagle3:`
+is an alias), listed in the app layer's table (draftsmith.app.drafters), so
 `draftsmith eval --drafter eagle:DIR[,top_k=8,depth=6,total_tokens=24]` works.
 
 Both propose TREES of deterministically chosen tokens (top-k), so `draft_probs` is None: each node is a point mass
@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.decode.drafters import DRAFTERS, DrafterContext, parse_kv
+from draftsmith.decode.drafters import DrafterContext, parse_kv
 from draftsmith.decode.proposer import Proposal
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.common import base_decoder, output_head
 from draftsmith.heads.eagle import EagleHead
 from draftsmith.heads.io import load_head, merge_target_lora, read_accuracy
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.trees import chain_tree, medusa_tree, tree_parents
+from draftsmith.modeling import base_decoder, output_head
 from draftsmith.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -261,7 +261,3 @@ def build_eagle(arg: str, ctx: DrafterContext) -> EagleProposer:
         raise DraftsmithError(f"{path} holds a medusa head; use medusa:{path}")
     return EagleProposer(head, ctx.target, **o)
 
-
-DRAFTERS["medusa"] = build_medusa
-DRAFTERS["eagle"] = build_eagle
-DRAFTERS["eagle3"] = build_eagle

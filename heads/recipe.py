@@ -145,7 +145,7 @@ def build_head(cfg: HeadsConfig, target, train_examples: list[dict]) -> torch.nn
         return MedusaHeads.from_target(target, h.num_heads, h.num_layers)
     if h.kind == "eagle":
         return EagleHead.from_target(target, "eagle", intermediate_size=h.intermediate_size)
-    from draftsmith.distill.vocab import build_vocab_ids, token_counts
+    from draftsmith.vocab import build_vocab_ids, token_counts
 
     v = target.config.vocab_size
     counts = token_counts((e["input_ids"] for e in train_examples), v)
@@ -225,7 +225,7 @@ def run_heads(
 
     medusa2 = None
     if cfg.head.kind == "medusa2":
-        from draftsmith.distill.init import add_lora
+        from draftsmith.modeling import add_lora
 
         target = add_lora(target, r=cfg.medusa2.lora_r, alpha=cfg.medusa2.lora_alpha)
         medusa2 = cfg.medusa2

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.acceptance import tau_from_conditional
-from draftsmith.heads.common import base_decoder, output_head
 from draftsmith.heads.hidden import HiddenStates
 from draftsmith.heads.losses import eagle_loss
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.trees import chain_tree, expected_tau, medusa_tree
+from draftsmith.modeling import base_decoder, output_head
 
 RANKS = 10  # Medusa rank accuracies measured per head (the static tree picks from these)
 
@@ -96,7 +96,7 @@ class HeadTrainer(nn.Module):
         valid = lm[:, 1:].bool()
         logits = output_head(self.target)(h[:, :-1][valid])  # [N, V] rows that predict response tokens
         if m2.target_loss == "kl":
-            from draftsmith.distill.divergences import divergence
+            from draftsmith.divergences import divergence
 
             with torch.no_grad(), self.target.disable_adapter():
                 h_ref = dec(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state

@@ -26,8 +26,8 @@ from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.evaluate import divergence
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
 from draftsmith.distill.init import shrink
-from draftsmith.distill.vocab import load_draft_vocab
 from draftsmith.prompts import load_prompts, prompt_ids
+from draftsmith.vocab import load_draft_vocab
 
 
 def main() -> None:

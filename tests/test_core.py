@@ -102,7 +102,7 @@ def test_tokenizer_mismatch_detected_without_weights(tiny_dirs, tmp_path):
 
 
 def test_cli_check_exit_codes(tiny_dirs, capsys):
-    from draftsmith.cli import main
+    from draftsmith.app.cli import main
 
     assert main(["check", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"]]) == 0
     assert main(["check", "--target", tiny_dirs["target"], "--draft", "/nonexistent/model"]) == 2

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from draftsmith.distill.init import add_lora, existing, fresh, select_layers, shrink
+from draftsmith.distill.init import existing, fresh, select_layers, shrink
 from draftsmith.errors import DraftsmithError
+from draftsmith.modeling import add_lora
 from draftsmith.testing import tiny_llama
 
 

@@ -46,7 +46,7 @@ def test_distill_reduced_vocab_writes_hf_draft_and_resumes(
 ):
     from transformers import AutoModelForCausalLM
 
-    from draftsmith.distill.vocab import load_draft_vocab
+    from draftsmith.vocab import load_draft_vocab
 
     out = tmp_path / "run"
     cfg = _cfg(tiny_dirs, gen_dir, out, "model.vocab_size=96", "loss.kind=fkl")
@@ -169,7 +169,7 @@ def test_distill_bad_inputs(tiny_dirs, gen_dir, tmp_path):
 
 
 def test_collate_masks_response_tokens_only():
-    from draftsmith.distill.policies import collate
+    from draftsmith.examples import collate
 
     b = collate([([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])], pad_id=0, max_length=5)
     assert b["input_ids"].tolist() == [[5, 6, 7, 8, 9], [5, 8, 9, 10, 11]]
@@ -181,7 +181,8 @@ def test_collate_masks_response_tokens_only():
 
 
 def test_policies_deal_deterministic_batches_and_mixture_fraction():
-    from draftsmith.distill.policies import DataPolicy, Example, split_heldout
+    from draftsmith.distill.policies import DataPolicy
+    from draftsmith.examples import Example, split_heldout
 
     exs = [Example([1, 2], [3, 4], str(i)) for i in range(40)]
     train, held = split_heldout(exs, 5, seed=0)
@@ -204,7 +205,7 @@ def test_policies_deal_deterministic_batches_and_mixture_fraction():
 
 
 def test_fixed_policy_reads_prompt_response_files(tmp_path, tiny_tokenizer):
-    from draftsmith.distill.policies import examples_from_file
+    from draftsmith.examples import examples_from_file
 
     f = tmp_path / "sft.jsonl"
     f.write_text(
@@ -242,8 +243,9 @@ def test_on_policy_samples_stay_in_the_draft_vocab(tiny_draft):
 
 
 def test_cached_target_topk_equals_online_target_when_k_is_the_vocab(tiny_dirs, gen_dir, tiny_target):
-    from draftsmith.distill.policies import DataPolicy, cache_target_topk, examples_from_generated
+    from draftsmith.distill.policies import DataPolicy, cache_target_topk
     from draftsmith.distill.recipe import DraftLM, LossArgs, make_loss_fn
+    from draftsmith.examples import examples_from_generated
     from draftsmith.testing import tiny_llama
 
     exs = examples_from_generated(gen_dir)[:4]
@@ -301,7 +303,7 @@ def test_mixed_sources_hold_out_from_the_first_only(tiny_dirs, gen_dir, tmp_path
     fixed = [e for e in s.policy.examples if e.category == "text"]  # (category = file stem)
     assert len(fixed) == 5 and tiny_tokenizer.decode(fixed[0].response_ids).startswith("It is 1.")
     # the shipped fixed text resolves without a path, and eval sets are refused in any position of the list
-    from draftsmith.distill.policies import examples_from_file
+    from draftsmith.examples import examples_from_file
 
     assert len(examples_from_file("builtin:train-text", tiny_tokenizer)) > 6000
     with pytest.raises(DraftsmithError, match="evaluation set"):
@@ -317,8 +319,8 @@ def test_mixed_sources_hold_out_from_the_first_only(tiny_dirs, gen_dir, tmp_path
 
 
 def test_topk_scattered_into_draft_vocab_equals_restricting_the_full_logits():
-    from draftsmith.distill.divergences import divergence
     from draftsmith.distill.policies import dense_from_topk
+    from draftsmith.divergences import divergence
 
     g = torch.Generator().manual_seed(0)
     vocab, n, k = 50, 6, 8

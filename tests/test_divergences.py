@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from draftsmith.distill.divergences import LOSSES, divergence
+from draftsmith.divergences import LOSSES, divergence
 from draftsmith.errors import DraftsmithError
 
 KINDS = list(LOSSES)

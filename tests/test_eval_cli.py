@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from draftsmith.cli import main
+from draftsmith.app.cli import main
 
 KEYS = {
     "tau",
@@ -91,7 +91,7 @@ def test_eval_end_to_end(tiny_dirs, tmp_path, capsys, drafter):
 
 
 def test_evaluate_library_with_loaded_models(tiny_target, tiny_tokenizer, tmp_path):
-    from draftsmith.decode.evaluate import evaluate
+    from draftsmith.app.evaluate import evaluate
     from draftsmith.prompts import Prompt
 
     prompts = [Prompt([{"role": "user", "content": "hello there"}], category="a", id="0")]

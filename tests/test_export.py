@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from draftsmith.app.export import export
 from draftsmith.errors import DraftsmithError
-from draftsmith.export import export
 
 N_LAYERS = 6
 AUX = [1, 3, 4]  # draftsmith ids: inputs of target layers 1, 3, 4
@@ -447,7 +447,7 @@ def test_medusa_bad_inputs(target, tmp_path):
 
 
 def test_out_folder_rules_and_cli(target, tmp_path, capsys):
-    from draftsmith.cli import main
+    from draftsmith.app.cli import main
 
     _medusa_head(target, tmp_path / "head")
     (tmp_path / "out").mkdir()

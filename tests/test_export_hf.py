@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.distill.vocab import restricted_logits, save_draft_vocab
+from draftsmith.app.export import export
 from draftsmith.errors import DraftsmithError
-from draftsmith.export import export
 from draftsmith.testing import save_tiny, tiny_tokenizer
+from draftsmith.vocab import restricted_logits, save_draft_vocab
 
 
 def _draft(tmp_path, vocab_size=None, **overrides):

@@ -93,7 +93,7 @@ def test_eagle_tree_mask_equals_per_path_recompute(tiny_target):
 
 
 def test_eval_cli_with_head_drafters(tiny_dirs, tmp_path, capsys):
-    from draftsmith.cli import main
+    from draftsmith.app.cli import main
     from draftsmith.models import load_model
 
     target = load_model(tiny_dirs["target"], device="cpu")
@@ -157,7 +157,8 @@ def test_eval_cli_with_head_drafters(tiny_dirs, tmp_path, capsys):
 
 
 def test_bad_head_specs(tiny_target, tmp_path):
-    from draftsmith.decode.drafters import DrafterContext, build_proposer
+    from draftsmith.app.drafters import build_proposer
+    from draftsmith.decode.drafters import DrafterContext
 
     ctx = DrafterContext(tiny_target, None, torch.device("cpu"))
     with pytest.raises(DraftsmithError, match="not found"):
@@ -172,9 +173,10 @@ def test_bad_head_specs(tiny_target, tmp_path):
 def test_medusa2_lora_is_merged_into_the_target_for_decoding(tiny_dirs, tmp_path):
     """medusa:DIR with DIR/target_lora decodes with the fine-tuned backbone: logits of the merged target equal the
     adapter model's, and greedy speculative output equals the merged target's greedy output."""
-    from draftsmith.decode.drafters import DrafterContext, build_proposer
-    from draftsmith.distill.init import add_lora
+    from draftsmith.app.drafters import build_proposer
+    from draftsmith.decode.drafters import DrafterContext
     from draftsmith.heads.io import LORA_DIR
+    from draftsmith.modeling import add_lora
     from draftsmith.models import load_model
 
     torch.manual_seed(0)

@@ -100,7 +100,8 @@ def test_two_steps_write_files_and_resume(tiny_dirs, generated, tmp_path, kind):
     ]
     assert steps == [1, 2, 3]
     # the trained head loads in the decoder registry for its target
-    from draftsmith.decode.drafters import DrafterContext, build_proposer
+    from draftsmith.app.drafters import build_proposer
+    from draftsmith.decode.drafters import DrafterContext
     from draftsmith.models import load_model
 
     target = load_model(tiny_dirs["target"], device="cpu")

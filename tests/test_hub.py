@@ -126,7 +126,7 @@ def test_refusals_upload_nothing(run_dir, tmp_path, fake_api):
 
 
 def test_no_results_card_and_cli(run_dir, tmp_path, fake_api, monkeypatch, capsys):
-    from draftsmith.cli import main
+    from draftsmith.app.cli import main
 
     dest = tmp_path / "staged"
     monkeypatch.setenv("MY_HUB_TOKEN", TOKEN)

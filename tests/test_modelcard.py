@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from draftsmith.checkpoint import target_hub_id
 from draftsmith.errors import DraftsmithError
-from draftsmith.exporters.checkpoint import target_hub_id
 from draftsmith.modelcard import build_card, describe_folder, load_eval, parse_card, target_license
 
 EVAL = {
@@ -102,7 +102,7 @@ def test_card_front_matter_and_model_index_equal_eval_json(medusa_dir):
 
 
 def test_card_for_exports_and_drafts(medusa_dir, tmp_path):
-    from draftsmith.export import export
+    from draftsmith.app.export import export
 
     out = export(medusa_dir, "vllm-medusa", tmp_path / "exp")
     text = build_card(describe_folder(out), "me/tiny-medusa-vllm", EVAL)
@@ -152,8 +152,8 @@ def test_target_hub_id_recovered_for_embedded_and_gguf_cache(tmp_path):
 def test_native_reduced_vocab_draft_card_points_to_the_hf_export(tmp_path):
     import torch
 
-    from draftsmith.distill.vocab import save_draft_vocab
     from draftsmith.testing import save_tiny
+    from draftsmith.vocab import save_draft_vocab
 
     path = save_tiny(tmp_path / "draft", seed=1, num_hidden_layers=1)
     save_draft_vocab(path, torch.arange(50))

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from draftsmith.quickstart import FAST, FULL, QuickstartSizes, quickstart
+from draftsmith.app.quickstart import FAST, FULL, QuickstartSizes, quickstart
 
 
 def test_quickstart_end_to_end_on_tiny_target(tiny_dirs, tmp_path, capsys):
@@ -33,8 +33,8 @@ def test_quickstart_end_to_end_on_tiny_target(tiny_dirs, tmp_path, capsys):
     assert saved["measured"]["lossless"] is True and saved["measured"]["tau"] >= 1.0
     assert (tmp_path / "qs" / "eval" / "eval.json").is_file()
     # dev-eval reference answers are for measuring only: the trainer refuses them as data
-    from draftsmith.distill.policies import examples_from_generated
     from draftsmith.errors import DraftsmithError
+    from draftsmith.examples import examples_from_generated
 
     with pytest.raises(DraftsmithError, match="evaluation prompts"):
         examples_from_generated(tmp_path / "qs" / "data" / "dev-eval")

@@ -60,7 +60,7 @@ def test_accelerate_configs_parse(path):
 
 
 def test_quickstart_recipe_matches_quickstart_command():
-    from draftsmith.quickstart import FULL, distill_config
+    from draftsmith.app.quickstart import FULL, distill_config
 
     ours = to_dict(distill_config(Path("runs/quickstart"), "smollm2-135m", FULL))
     shipped = to_dict(load_config(DistillConfig, ROOT / "recipes" / "smollm2-135m-quickstart.yaml"))

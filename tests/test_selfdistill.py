@@ -90,7 +90,7 @@ def test_generate_bad_inputs(tiny_dirs, tmp_path, prompt_file):
 
 
 def test_generate_cli(tiny_dirs, prompt_file, tmp_path, capsys):
-    from draftsmith.cli import main
+    from draftsmith.app.cli import main
 
     out = tmp_path / "cli"
     rc = main(

@@ -4,7 +4,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from draftsmith.distill.vocab import (
+from draftsmith.errors import DraftsmithError
+from draftsmith.vocab import (
     DRAFT_VOCAB_FILE,
     build_vocab_ids,
     load_draft_vocab,
@@ -14,7 +15,6 @@ from draftsmith.distill.vocab import (
     to_target_probs,
     token_counts,
 )
-from draftsmith.errors import DraftsmithError
 
 
 def test_token_counts():
@@ -109,7 +109,7 @@ def test_restricted_logits_match_full(tiny_draft):
 def test_restricted_logits_through_peft_and_grads(tiny_draft):
     import copy
 
-    from draftsmith.distill.init import add_lora
+    from draftsmith.modeling import add_lora
 
     model = add_lora(copy.deepcopy(tiny_draft), r=4)
     # make the adapters non-trivial so a forward that skipped them would differ
@@ -131,7 +131,7 @@ def test_restricted_logits_through_peft_and_grads(tiny_draft):
 def test_restricted_logits_rejects_lora_on_lm_head(tiny_draft):
     import copy
 
-    from draftsmith.distill.init import add_lora
+    from draftsmith.modeling import add_lora
 
     model = add_lora(copy.deepcopy(tiny_draft), r=2, target_modules=["q_proj", "lm_head"])
     with pytest.raises(DraftsmithError, match="lm_head"):

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.errors import DraftsmithError
-from draftsmith.exporters.checkpoint import (
+from draftsmith.checkpoint import (
     Checkpoint,
     TensorInfo,
     check_tensor_set,
@@ -38,6 +37,7 @@ from draftsmith.exporters.checkpoint import (
     target_field,
     target_hub_id,
 )
+from draftsmith.errors import DraftsmithError
 
 LLAMA_KEYS = (
     "hidden_size",

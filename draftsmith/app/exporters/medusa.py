@@ -16,8 +16,13 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.checkpoint import (
+    Checkpoint,
+    TensorInfo,
+    check_tensor_set,
+    expected_head_tensors,
+)
 from draftsmith.errors import DraftsmithError
-from draftsmith.exporters.checkpoint import Checkpoint, TensorInfo, check_tensor_set, expected_head_tensors
 
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

@@ -20,17 +20,17 @@ from draftsmith.errors import DraftsmithError
 
 COMMANDS = {
     "quickstart": (
-        "draftsmith.quickstart",
+        "draftsmith.app.quickstart",
         "generate data with the embedded target, distill a draft, evaluate it",
     ),
     "generate": (
-        "draftsmith.selfdistill",
+        "draftsmith.app.generate",
         "have a target answer prompts; write a resumable token-id dataset",
     ),
-    "eval": ("draftsmith.decode.cli", "measure a drafter: acceptance, tau, speedup over plain decoding"),
-    "check": ("draftsmith.cli", "check that a draft's tokenizer matches a target's (no weights loaded)"),
-    "export": ("draftsmith.export", "export a checkpoint for transformers, vLLM or SGLang"),
-    "push": ("draftsmith.hub", "publish a checkpoint with a model card to the Hugging Face Hub"),
+    "eval": ("draftsmith.app.eval", "measure a drafter: acceptance, tau, speedup over plain decoding"),
+    "check": ("draftsmith.app.cli", "check that a draft's tokenizer matches a target's (no weights loaded)"),
+    "export": ("draftsmith.app.export", "export a checkpoint for transformers, vLLM or SGLang"),
+    "push": ("draftsmith.app.push", "publish a checkpoint with a model card to the Hugging Face Hub"),
 }
 
 

@@ -20,8 +20,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from draftsmith.checkpoint import EXPORT_MANIFEST, Checkpoint, read_checkpoint
 from draftsmith.errors import DraftsmithError
-from draftsmith.exporters.checkpoint import EXPORT_MANIFEST, Checkpoint, read_checkpoint
+from draftsmith.fileio import replace_dir
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def _write_head(build: Callable[[Checkpoint], tuple[dict, dict]]) -> Callable[[C
 
 
 def _writers(speculative_tokens: int) -> dict[str, Callable[[Checkpoint, Path], dict]]:
-    from draftsmith.exporters import eagle3, hf, medusa
+    from draftsmith.app.exporters import eagle3, hf, medusa
 
     return {
         "hf": hf.export_hf,
@@ -108,13 +109,7 @@ def export(
             manifest["aux_hidden_state_layer_ids_draftsmith"] = ckpt.config["aux_hidden_state_layer_ids"]
             manifest["aux_layer_ids_note"] = AUX_NOTES[fmt]
         (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left behind
         raise

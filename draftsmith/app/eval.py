@@ -38,8 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from draftsmith.decode.report import summary_table
+
     from .evaluate import evaluate
-    from .report import summary_table
 
     result = evaluate(
         args.target,

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import atomic_write
+from draftsmith.modeling import base_decoder, causal_lm
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 
@@ -99,9 +101,9 @@ def save_draft_vocab(out_dir: str | os.PathLike, vocab_ids: torch.Tensor) -> Non
     vocab_ids = _validate(torch.as_tensor(vocab_ids).detach().cpu(), None, "save_draft_vocab")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (DRAFT_VOCAB_FILE + ".tmp")
-    save_file({"vocab_ids": vocab_ids.contiguous()}, str(tmp))
-    os.replace(tmp, out / DRAFT_VOCAB_FILE)
+    atomic_write(
+        out / DRAFT_VOCAB_FILE, lambda tmp: save_file({"vocab_ids": vocab_ids.contiguous()}, str(tmp))
+    )
 
 
 def load_draft_vocab(model_dir: str | os.PathLike) -> torch.LongTensor | None:
@@ -131,19 +133,6 @@ def load_draft_vocab(model_dir: str | os.PathLike) -> torch.LongTensor | None:
     return _validate(tensors["vocab_ids"], vocab_size, str(path))
 
 
-def _causal_lm_and_decoder(model) -> tuple[torch.nn.Module, torch.nn.Module]:
-    # PeftModel -> LoraModel -> XForCausalLM; plain models are their own base
-    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = getattr(lm, getattr(lm, "base_model_prefix", "model"), None)
-    if decoder is None:
-        decoder = getattr(lm, "model", None)
-    if decoder is None or not hasattr(lm, "get_output_embeddings") or lm.get_output_embeddings() is None:
-        raise DraftsmithError(
-            f"{type(lm).__name__} has no decoder at .model with an lm_head; use a *ForCausalLM model"
-        )
-    return lm, decoder
-
-
 def restricted_logits(
     model,
     input_ids: torch.Tensor,
@@ -158,7 +147,7 @@ def restricted_logits(
     T' = logits_to_keep if > 0 (the last positions) else T. Extra `kw` (position_ids, past_key_values, use_cache,
     output_hidden_states, ...) go to the decoder. Works on LlamaForCausalLM-like models and PeftModel wrappers.
     """
-    lm, decoder = _causal_lm_and_decoder(model)
+    lm, decoder = causal_lm(model), base_decoder(model)
     outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, **kw)
     hidden = outputs.last_hidden_state  # [B, T, H]
     if logits_to_keep > 0:

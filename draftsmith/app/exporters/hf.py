@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.checkpoint import DRAFT_META, Checkpoint
 from draftsmith.errors import DraftsmithError
-from draftsmith.exporters.checkpoint import DRAFT_META, Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def export_hf(ckpt: Checkpoint, out: Path) -> dict:
     """Write the causal LM + tokenizer into `out` (an empty staging folder); return manifest notes."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from draftsmith.distill.vocab import load_draft_vocab
+    from draftsmith.vocab import load_draft_vocab
 
     if ckpt.kind != "draft":
         raise DraftsmithError(

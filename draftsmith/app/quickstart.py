@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from draftsmith.fileio import write_json
 
 # The decoder eval stops a step's draft at the first token the draft gives less than this probability: on a CPU
 # the verify forward grows with every drafted token, so likely-rejected tokens cost more than they bring.
@@ -142,8 +143,8 @@ def quickstart(
 ) -> dict:
     """Run the four steps above; returns (and writes to OUT/quickstart.json) the before/after numbers."""
     from draftsmith import models
-    from draftsmith.distill.policies import examples_from_generated
     from draftsmith.distill.recipe import run_distill
+    from draftsmith.examples import examples_from_generated
     from draftsmith.selfdistill import generate_dataset
     from draftsmith.trainer import make_accelerator
 
@@ -225,7 +226,7 @@ def quickstart(
         "sizes": sizes.__dict__,
     }
     if run_decoder_eval:
-        from draftsmith.decode.evaluate import evaluate
+        from draftsmith.app.evaluate import evaluate
 
         t, c = time.perf_counter(), time.process_time()
         print(
@@ -254,9 +255,7 @@ def quickstart(
         )
     timings["total_s"], timings["total_cpu_s"] = time.perf_counter() - t_start, time.process_time() - c_start
     result["timings"] = timings
-    tmp = out / "quickstart.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1, default=str))
-    os.replace(tmp, out / "quickstart.json")
+    write_json(out / "quickstart.json", result, default=str)
     print(
         f"done in {timings['total_s'] / 60:.1f} min; draft: {summary['final_dir']}  summary: {out / 'quickstart.json'}"
     )

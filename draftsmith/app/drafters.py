@@ -1,0 +1,55 @@
+"""The drafter table: `kind:arg` specs -> Proposer. Every drafter kind draftsmith can decode with is one row here;
+its builder lives in the method package that implements it (decode/, heads/, ...).
+
+    build_proposer("eagle:runs/heads/final,top_k=6", DrafterContext(target, tokenizer, device))
+"""
+
+from __future__ import annotations
+
+from draftsmith.decode.drafters import Builder, DrafterContext, build_draft, build_ngram
+from draftsmith.decode.proposer import Proposer
+from draftsmith.errors import DraftsmithError
+from draftsmith.heads.proposers import build_eagle, build_medusa
+
+DRAFTERS: dict[str, Builder] = {
+    "draft": build_draft,
+    "ngram": build_ngram,
+    "medusa": build_medusa,
+    "eagle": build_eagle,
+    "eagle3": build_eagle,
+}
+NEEDS_PATH = {"draft", "medusa", "eagle", "eagle3"}
+"""Kinds whose argument starts with a model folder or Hub id (checked before anything loads)."""
+
+
+def kinds() -> str:
+    return ", ".join(sorted(DRAFTERS))
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    kind, sep, arg = spec.partition(":")
+    if not sep:
+        raise DraftsmithError(
+            f"drafter {spec!r} has no kind; use one of {kinds()} as kind:arg, e.g. draft:path/to/dir"
+        )
+    if kind not in DRAFTERS:
+        raise DraftsmithError(
+            f"unknown drafter kind {kind!r}; use one of {kinds()} (e.g. draft:DIR or ngram:)"
+        )
+    return kind, arg
+
+
+def validate_spec(spec: str) -> tuple[str, str]:
+    """Cheap checks before anything loads: known kind, and a model path where the kind needs one."""
+    kind, arg = split_spec(spec)
+    if kind in NEEDS_PATH and not arg.partition(",")[0]:
+        raise DraftsmithError(f"drafter '{kind}:' needs a checkpoint: {kind}:<folder|hub id>")
+    if kind == "ngram":
+        build_ngram(arg, None)  # options are checked before any weights load
+    return kind, arg
+
+
+def build_proposer(spec: str, ctx: DrafterContext) -> Proposer:
+    """Turn 'kind:arg' into a Proposer (loading weights if the kind has any)."""
+    kind, arg = split_spec(spec)
+    return DRAFTERS[kind](arg, ctx)

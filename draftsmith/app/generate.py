@@ -1,0 +1,61 @@
+"""`draftsmith generate`: have a target answer prompts; write a resumable token-id dataset
+(draftsmith.selfdistill does the work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from draftsmith.selfdistill import MANIFEST, generate_dataset
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target", default="smollm2-135m", help="target model: Hub id, folder, .gguf or smollm2-135m"
+    )
+    p.add_argument(
+        "--prompts", default="builtin:train", help="prompt source (file, hf:name:split, builtin:train)"
+    )
+    p.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument(
+        "--shard-size", type=int, default=128, help="rows per shard (the unit a killed run can lose)"
+    )
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument(
+        "--skip-long", action="store_true", help="skip prompts that do not fit the context instead of failing"
+    )
+    p.add_argument(
+        "--max-prompt-tokens", type=int, default=None, help="skip prompts longer than this (tokens)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, help="bf16|fp16|fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = generate_dataset(
+        args.target,
+        args.prompts,
+        args.out,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        batch_size=args.batch_size,
+        shard_size=args.shard_size,
+        limit=args.limit,
+        skip_long=args.skip_long,
+        max_prompt_tokens=args.max_prompt_tokens,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+    )
+    man = json.loads((out / MANIFEST).read_text())
+    print(f"{out}: {man['n_rows']} rows in {len(man['shards'])} shards")
+    return 0

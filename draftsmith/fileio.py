@@ -1,0 +1,54 @@
+"""Writing files so that a reader never sees half of one: write to a temporary name in the same folder, then
+rename over the destination (`os.replace` is atomic on POSIX). A killed process leaves the old file or the new
+one, never a torn mix; temporaries are named `.tmp<pid>.<name>` so they keep the suffix (matplotlib, safetensors
+and json readers look at it) and two processes never share one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def temp_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path.with_name(f".tmp{os.getpid()}.{path.name}")
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
+    """Call `write(tmp)` to produce the file at a temporary path, then rename it to `path`."""
+    path = Path(path)
+    tmp = temp_path(path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1, **kwargs) -> Path:
+    return write_text(path, json.dumps(obj, indent=indent, **kwargs) + "\n")
+
+
+def replace_dir(tmp: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Put the fully written folder `tmp` at `out`, replacing what was there (moved aside first, then deleted:
+    at every moment `out` is either the old folder or the new one)."""
+    tmp, out = Path(tmp), Path(out)
+    if out.exists():
+        old = out.with_name(f".old{os.getpid()}.{out.name}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    return out

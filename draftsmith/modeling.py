@@ -1,0 +1,59 @@
+"""Finding the parts of a causal LM through whatever wraps it, and wrapping it in LoRA.
+
+A model reaches library code bare (`LlamaForCausalLM`), inside peft (`PeftModel -> LoraModel -> ...ForCausalLM`),
+or inside an engine wrapper (DDP / FSDP / `torch.compile` keep the model at `.module` / `._orig_mod`). Every
+caller that needs the decoder stack, the output head or the bare causal LM goes through these helpers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+
+
+def causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    """The bare *ForCausalLM inside engine wrappers (DDP/FSDP `.module`, compile `._orig_mod`) and peft."""
+    while True:
+        if hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+        else:
+            return model
+
+
+def base_decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack (`model.model` of a Llama/Qwen/Mistral-style *ForCausalLM): embed_tokens, layers, norm."""
+    lm = causal_lm(model)
+    decoder = getattr(lm, getattr(lm, "base_model_prefix", "model"), None)
+    if decoder is None:
+        decoder = getattr(lm, "model", None)
+    if decoder is None or not isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
+        raise DraftsmithError(
+            f"{type(lm).__name__} has no decoder with `.layers` at .model; use a Llama/Qwen/Mistral-style "
+            "*ForCausalLM model"
+        )
+    return decoder
+
+
+def output_head(model: torch.nn.Module) -> torch.nn.Linear:
+    """The output projection (lm_head) of the bare causal LM."""
+    head = causal_lm(model).get_output_embeddings()
+    if head is None:
+        raise DraftsmithError(f"{type(causal_lm(model)).__name__} has no lm_head; use a *ForCausalLM model")
+    return head
+
+
+def add_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0, target_modules="all-linear"):
+    """Wrap `model` in LoRA adapters (peft). "all-linear" covers every Linear except the output layer (lm_head)."""
+    from peft import LoraConfig, get_peft_model
+
+    if r < 1:
+        raise DraftsmithError(f"LoRA rank r must be >= 1, got {r}")
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM"
+    )
+    return get_peft_model(model, config)
