@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from draftsmith.acceptance import tau_from_accept_lengths
+
 from .decoder import GenerationResult
 
 
@@ -37,7 +39,7 @@ def summarize(spec: Sequence[GenerationResult], plain: Sequence[GenerationResult
     tps_spec = spec_tokens / spec_time if spec_time > 0 else 0.0
     tps_plain = plain_tokens / plain_time if plain_time > 0 else 0.0
     return {
-        "tau": (sum(steps) + len(steps)) / max(len(steps), 1),
+        "tau": tau_from_accept_lengths(steps),
         "alpha_per_position": alpha_per_position(spec, k),
         "accept_length_hist": {str(n): c for n, c in sorted(Counter(steps).items())},
         "tokens_per_s": {"speculative": tps_spec, "plain": tps_plain},

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 import torch
 
-from draftsmith.acceptance import tau_iid
+from draftsmith.acceptance import tau_along_text, tau_iid
 from draftsmith.divergences import flatten_pair
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams, warp_probs
@@ -97,22 +97,11 @@ class AcceptanceMeter:
             self._add_chains(torch.cat(alphas), torch.cat(top1s), seg)
 
     def _add_chains(self, alpha: torch.Tensor, top1: torch.Tensor, seg: torch.Tensor) -> None:
-        """Add sum_t tau_t(k) for every k: prod of acceptances over t, t+1, ... inside one segment."""
-        n, kmax = alpha.numel(), max(self.ks)
+        """Add sum_t tau_t(k) for every k (draftsmith.acceptance.tau_along_text)."""
         for acc, sums in ((alpha, self._chain_sum), (top1, self._chain_greedy_sum)):
-            run = torch.ones(n, dtype=torch.float64, device=acc.device)  # prod_{j<i} a_{t+j}
-            total = torch.ones(n, dtype=torch.float64, device=acc.device)  # tau_t, bonus token included
-            for i in range(1, kmax + 1):
-                step = torch.zeros_like(
-                    acc
-                )  # a_{t+i-1}, 0 past the end of t's sequence: chains end with the text
-                if i - 1 < n:
-                    step[: n - i + 1] = acc[i - 1 :] * (seg[i - 1 :] == seg[: n - i + 1])
-                run = run * step
-                total = total + run
-                if i in sums:
-                    sums[i] += float(total.sum())
-        self._chain_n += n
+            for k, tau in tau_along_text(acc, seg, self.ks).items():
+                sums[k] += float(tau.sum())
+        self._chain_n += alpha.numel()
 
     def compute(self) -> dict:
         """{"alpha", "top1", "tau": {k: ...}, "tau_greedy": {k: ...} (chain estimate when segments were given, else

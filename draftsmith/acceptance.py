@@ -20,14 +20,44 @@ def alpha_from_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> t
     return torch.minimum(target_probs, draft_probs).sum(-1)
 
 
-def tau_from_conditional(accept: Sequence[float], k: int | None = None) -> float:
-    """tau = 1 + sum_i prod_{j<=i} a_j for depths 1..k (bonus token included)."""
-    k = len(accept) if k is None else k
-    tau, run = 1.0, 1.0
-    for a in list(accept)[:k]:
-        run *= float(a)
-        tau += run
+def tau_tree(paths: Sequence[tuple[int, ...]], accept: Sequence[Sequence[float]]) -> float:
+    """E[tau] = 1 + sum over drafted nodes of P(the path to the node is accepted), bonus token included.
+
+    A node is a path of ranks (r_1, ..., r_d): the r_j-th candidate at depth j. accept[j][r] is the probability
+    that depth j+1 accepts its rank-r candidate given the path above it was accepted. A chain is the paths
+    (0,), (0, 0), ... and gives 1 + sum_i prod_{j<=i} a_j; every tau draftsmith predicts is this formula."""
+    tau = 1.0
+    for path in paths:
+        p = 1.0
+        for depth, rank in enumerate(path):
+            p *= float(accept[depth][rank])
+        tau += p
     return tau
+
+
+def tau_from_conditional(accept: Sequence[float], k: int | None = None) -> float:
+    """The chain case of `tau_tree`: 1 + sum_{i<=k} prod_{j<=i} a_j for conditional acceptances a_1..a_k."""
+    accept = list(accept)[: len(accept) if k is None else k]
+    return tau_tree([(0,) * d for d in range(1, len(accept) + 1)], [[a] for a in accept])
+
+
+def tau_along_text(accept: torch.Tensor, segment: torch.Tensor, ks: Sequence[int]) -> dict[int, torch.Tensor]:
+    """`tau_from_conditional` at every start position t of teacher-forced text, vectorised: drafting from t, depth i
+    is accepted with accept[t+i-1] (the acceptance measured at that position of the text), and a chain ends where
+    the text's segment (sequence) ends. accept [N] (float), segment [N] (ids, equal within one sequence) ->
+    {k: tau_t(k) [N] float64}. Exact for greedy decoding on the target's own greedy text."""
+    n, out = accept.numel(), {}
+    run = torch.ones(n, dtype=torch.float64, device=accept.device)  # prod_{j<i} a_{t+j}
+    total = torch.ones(n, dtype=torch.float64, device=accept.device)  # tau_t, bonus token included
+    for i in range(1, max(ks) + 1):
+        step = torch.zeros(n, dtype=torch.float64, device=accept.device)  # a_{t+i-1}; 0 past the text's end
+        if i - 1 < n:
+            step[: n - i + 1] = accept[i - 1 :] * (segment[i - 1 :] == segment[: n - i + 1])
+        run = run * step
+        total = total + run
+        if i in ks:
+            out[i] = total.clone()
+    return out
 
 
 def tau_iid(alpha: float, k: int) -> float:
@@ -35,10 +65,6 @@ def tau_iid(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def tau_table(alpha: float, ks: Sequence[int] = range(1, 9)) -> dict[int, float]:
-    return {k: tau_iid(alpha, k) for k in ks}
 
 
 def speedup_model(tau: float, k: int, cost_ratio: float) -> float:

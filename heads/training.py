@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.acceptance import tau_from_conditional
+from draftsmith.acceptance import tau_from_conditional, tau_tree
 from draftsmith.heads.hidden import HiddenStates
 from draftsmith.heads.losses import eagle_loss
 from draftsmith.heads.medusa import MedusaHeads
-from draftsmith.heads.trees import chain_tree, expected_tau, medusa_tree
+from draftsmith.heads.trees import chain_tree, medusa_tree
 from draftsmith.modeling import base_decoder, output_head
 
 RANKS = 10  # Medusa rank accuracies measured per head (the static tree picks from these)
@@ -40,7 +40,19 @@ class HeadTrainer(nn.Module):
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
         ids, am, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-        if isinstance(self.head, MedusaHeads):
+        if getattr(self.head, "head_type", None) == "earlyexit":
+            from draftsmith.heads.earlyexit import earlyexit_loss
+
+            c = self.loss_cfg
+            loss, m = earlyexit_loss(
+                self.head, output_head(self.frozen_target).weight, self.hidden(batch), self.hidden.aux_layers,
+                am, lm, loss=c.kind, temperature=c.temperature, beta=c.beta,
+            )  # fmt: skip
+        elif getattr(self.head, "head_type", None) in ("dflash", "peagle"):
+            from draftsmith.heads.block_recipe import block_step
+
+            loss, m = block_step(self.head, self.frozen_target, self.hidden(batch), batch, self.loss_cfg, exact=False)
+        elif isinstance(self.head, MedusaHeads):
             if self.medusa2 is not None:
                 return self._medusa2(ids, am, lm)
             feats = self.hidden(batch)
@@ -151,12 +163,18 @@ def evaluate_heads(
             "head_top5": [sum(r[:5]) for r in rank_acc],
             "rank_accuracy": rank_acc,
             "tau_chain": chain,
-            "tau_tree": expected_tau(paths, rank_acc),
+            "tau_tree": tau_tree(paths, rank_acc),
             "tree_tokens": tree_tokens,
         }
         return out
     c = trainer.loss_cfg
     t = trainer.frozen_target
+    if getattr(head, "head_type", None) == "earlyexit":
+        return _evaluate_earlyexit(trainer, batches, hidden, eval_depth)
+    if getattr(head, "head_type", None) in ("dflash", "peagle"):
+        from draftsmith.heads.block_recipe import evaluate_block
+
+        return evaluate_block(head, t, batches, hidden, c)
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
     for batch in batches:
@@ -190,5 +208,34 @@ def evaluate_heads(
         "loss_per_depth": [avg[f"loss_{i}"] for i in range(eval_depth) if f"loss_{i}" in avg],
     }
 
+
+
+def _evaluate_earlyexit(trainer: HeadTrainer, batches: list[dict], hidden: HiddenStates, eval_depth: int) -> dict:
+    """Early exit: held-out greedy acceptance per chain depth against the target's argmax over the FULL
+    vocabulary (teacher-forced along the held-out text) and simulated tau = 1 + sum_i prod_{j<=i} a_i."""
+    from draftsmith.heads.earlyexit import earlyexit_loss
+
+    head, c = trainer.head, trainer.loss_cfg
+    dev = next(head.parameters()).device
+    num: dict[str, float] = {}
+    den: dict[str, float] = {}
+    for batch in batches:
+        batch = {n: v.to(dev) for n, v in batch.items()}
+        _, m = earlyexit_loss(
+            head, output_head(trainer.frozen_target).weight, hidden(batch), hidden.aux_layers,
+            batch["attention_mask"], batch["loss_mask"], loss=c.kind, temperature=c.temperature, beta=c.beta,
+            depth=eval_depth, exact_acceptance=True,
+        )  # fmt: skip
+        w = m.get("n_rows", 0.0)
+        for key, v in m.items():
+            if key.startswith(("acc_", "loss_")):
+                num[key] = num.get(key, 0.0) + v * w
+                den[key] = den.get(key, 0.0) + w
+    acc = [num[f"acc_{i}"] / den[f"acc_{i}"] for i in range(eval_depth) if den.get(f"acc_{i}")]
+    return {
+        "acceptance_per_depth": acc,
+        "tau_sim": tau_from_conditional(acc),
+        "loss_per_depth": [num["loss_0"] / den["loss_0"]] if den.get("loss_0") else [],
+    }
 
 __all__ = ["HeadTrainer", "chain_tree", "evaluate_heads"]

@@ -37,17 +37,6 @@ def medusa_tree(
     return [p for _, p in chosen]
 
 
-def expected_tau(paths: Sequence[tuple[int, ...]], acc: Sequence[Sequence[float]]) -> float:
-    """1 + sum_nodes prod_j acc[j][r_j] (bonus token included)."""
-    tau = 1.0
-    for path in paths:
-        p = 1.0
-        for j, r in enumerate(path):
-            p *= acc[j][r]
-        tau += p
-    return tau
-
-
 def tree_parents(paths: Sequence[tuple[int, ...]]) -> list[int]:
     """Parent index of each path (-1 for depth 1); paths must list parents first."""
     where = {p: i for i, p in enumerate(paths)}

@@ -150,3 +150,21 @@ def test_embedded_target_loads_and_saves(tmp_path):
     again = models.load_model(str(tmp_path / "saved"), device="cpu")
     ids = torch.tensor([[1, 2683, 359, 253]])
     torch.testing.assert_close(m(ids).logits, again(ids).logits)
+
+
+def test_one_tau_formula_chain_tree_and_text_agree():
+    from draftsmith import acceptance
+
+    a = [0.9, 0.5, 0.25]
+    assert acceptance.tau_from_conditional(a) == pytest.approx(1 + 0.9 + 0.45 + 0.1125)
+    assert acceptance.tau_from_conditional([0.6] * 4) == pytest.approx(acceptance.tau_iid(0.6, 4))
+    # a tree with a second candidate at depth 1: adds P(rank-1 accepted) = 0.05
+    assert acceptance.tau_tree([(0,), (1,), (0, 0)], [[0.9, 0.05], [0.5]]) == pytest.approx(1 + 0.9 + 0.05 + 0.45)
+    # along teacher-forced text: tau_t(k) is the chain formula over the acceptances from t on, within a sequence
+    acc = torch.tensor([0.9, 0.5, 0.25, 1.0, 0.8])
+    seg = torch.tensor([0, 0, 0, 1, 1])
+    got = acceptance.tau_along_text(acc, seg, ks=[1, 3])
+    for t, (lo, hi) in enumerate([(0, 3), (0, 3), (0, 3), (3, 5), (3, 5)]):
+        for k in (1, 3):
+            expect = acceptance.tau_from_conditional(acc[t:hi].tolist(), k)
+            assert float(got[k][t]) == pytest.approx(expect)

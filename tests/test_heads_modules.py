@@ -5,12 +5,13 @@ import json
 import pytest
 import torch
 
+from draftsmith.acceptance import tau_tree as expected_tau
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads import EagleHead, MedusaHeads, load_head, save_head
 from draftsmith.heads.hidden import target_features
 from draftsmith.heads.losses import eagle_loss, ttt_unroll
 from draftsmith.heads.proposers import EagleProposer
-from draftsmith.heads.trees import expected_tau, medusa_tree, tree_parents
+from draftsmith.heads.trees import medusa_tree, tree_parents
 from draftsmith.testing import tiny_llama
 
 AUX = [0, 1, 2]
