@@ -17,7 +17,8 @@ from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 
-HEAD_KINDS = ("medusa", "eagle", "eagle3")
+HEAD_KINDS = ("medusa", "eagle", "eagle3", "earlyexit")
+SELF_DRAFTERS = ("layerskip",)  # no weights of their own: config.json names the target layers they run
 EXPORT_MANIFEST = "draftsmith_export.json"
 DRAFT_META = "draftsmith_draft.json"
 
@@ -44,7 +45,7 @@ class Checkpoint:
     @property
     def target(self) -> dict:
         """The target's description: head config "target" or draftsmith_draft.json "target" ({} if unknown)."""
-        if self.kind in HEAD_KINDS:
+        if self.kind in HEAD_KINDS or self.kind in SELF_DRAFTERS:
             return dict(self.config.get("target") or {})
         meta = self.path / DRAFT_META
         if meta.is_file():
@@ -125,6 +126,10 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
             f"{p} is already a {fmt!r} export; export from the original draftsmith checkpoint"
         )
     cfg = read_json(p / "config.json", "pass a draftsmith checkpoint folder (final/ or checkpoints/step-N/)")
+    if cfg.get("draftsmith_drafter") in SELF_DRAFTERS:
+        if not isinstance(cfg.get("skip_layers"), list) or not isinstance(cfg.get("target"), dict):
+            raise DraftsmithError(f"{p}: a layerskip config.json needs skip_layers and target; re-run draftsmith layerskip")
+        return Checkpoint(p, cfg["draftsmith_drafter"], cfg)
     head_type = cfg.get("draftsmith_head_type")
     if head_type is not None:
         if head_type not in HEAD_KINDS:
@@ -224,6 +229,10 @@ def expected_head_tensors(
         req[f"{layer_prefix or 'midlayer.'}hidden_norm.weight"] = (d["H"],)
         req.update({"norm.weight": (d["H"],), "lm_head.weight": (vd, d["H"]), "d2t": (vd,), "t2d": (d["V"],)})
         return req, {"embed_tokens.weight": (d["V"], d["H"])}
+    if kind == "earlyexit":  # one Llama layer over the exit layer's states + final norm; head rows = target's
+        req = _llama_layer(layer_prefix or "", d, 1, input_norm=True)
+        req.update({"norm.weight": (d["H"],), "vocab_ids": (_int(cfg, "draft_vocab_size", where),)})
+        return req, {}
     if kind == "eagle":
         req = {"fc.weight": (d["H"], 2 * d["H"]), "fc.bias": (d["H"],)}
         req.update(_llama_layer(layer_prefix or "layers.0.", d, 1, input_norm=False))

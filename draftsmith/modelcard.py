@@ -20,12 +20,15 @@ from draftsmith.errors import DraftsmithError
 
 log = logging.getLogger(__name__)
 
-KIND_TAGS = {"draft": "distillspec", "medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}
+KIND_TAGS = {"draft": "distillspec", "medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3",
+             "earlyexit": "self-speculative", "layerskip": "self-speculative"}  # fmt: skip
 KIND_TEXT = {
     "draft": "a distilled draft model (DistillSpec-style knowledge distillation)",
     "medusa": "Medusa heads",
     "eagle": "an EAGLE head",
     "eagle3": "an EAGLE-3 head",
+    "earlyexit": "a trained early exit (the target's first layers + a small adapter, Kangaroo-style)",
+    "layerskip": "a layer-skip set (the target drafts with some of its own layers skipped; no weights)",
 }
 LIBRARY = {
     "draft": "transformers",
@@ -219,6 +222,9 @@ def _usage(kind: str, fmt: str | None, repo_id: str, target_id: str, k: int) -> 
             f"```bash\nvllm serve {target_id} --speculative-config "
             f'\'{{"method": "draft_model", "model": "{repo_id}", "num_speculative_tokens": {k}}}\'\n```\n'
         )
+    if kind in ("earlyexit", "layerskip"):
+        return (f"Self-speculative: the target drafts with its own layers. draftsmith decodes it "
+                f"(`--drafter {kind}:./{repo_id.split('/')[-1]}`); no serving engine reads this format yet.\n")  # fmt: skip
     to = {"medusa": "vllm-medusa", "eagle3": "speculators   # or sglang-eagle3"}.get(kind)
     return f"This is draftsmith's native {kind} format. Serving engines need an export:\n\n" + (
         f"```bash\ndraftsmith export ./{repo_id.split('/')[-1]} --format {to} --out exported\n```\n"

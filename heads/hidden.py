@@ -40,7 +40,7 @@ def needed_layers(kind: str, num_layers: int, aux_layers: list[int] | None) -> t
 
 def bytes_per_token(kind: str, hidden_size: int, dtype: torch.dtype = torch.float16) -> int:
     """Disk bytes per training token of the cache (tensors only; ids live in the generated data)."""
-    n = 4 * hidden_size if kind == "eagle3" else hidden_size
+    n = {"eagle3": 4, "earlyexit": 2}.get(kind, 1) * hidden_size  # earlyexit: the exit layer's state + f_t
     return n * torch.finfo(dtype).bits // 8
 
 
@@ -164,7 +164,7 @@ class HiddenStateCache:
     def get(self, example: int) -> dict[str, torch.Tensor]:
         from safetensors import safe_open
 
-        names = ["last", "aux"] if self.spec.kind == "eagle3" else ["last"]
+        names = ["last", "aux"] if self.spec.kind in ("eagle3", "earlyexit") else ["last"]
         if int(example) in self._buffered:  # written this epoch, not flushed to a shard yet
             return {n: self._buffer[f"{int(example)}.{n}"] for n in names}
         shard = self.index.get(int(example))

@@ -47,6 +47,10 @@ def load_head(
     kind = config["draftsmith_head_type"]
     if kind == "medusa":
         head = MedusaHeads(config_from_dict(MedusaConfig, config, "medusa config"), config.get("target"))
+    elif kind == "earlyexit":
+        from draftsmith.heads.earlyexit import EarlyExitAdapter, EarlyExitConfig
+
+        head = EarlyExitAdapter(config_from_dict(EarlyExitConfig, config, "earlyexit config"), config.get("target"))
     else:
         head = EagleHead(eagle_config_from_dict(config), config.get("target"))
     load_state_strict(head, state, f"head {path}")

@@ -39,7 +39,7 @@ class ModelSection:
 
 @dataclass
 class HeadSection:
-    kind: Literal["medusa", "medusa2", "eagle", "eagle3"] = "eagle3"
+    kind: Literal["medusa", "medusa2", "eagle", "eagle3", "earlyexit"] = "eagle3"
     """medusa (Medusa-1, frozen target), medusa2 (LoRA target + heads), eagle (EAGLE-1), eagle3."""
     num_heads: int = 4
     """Medusa: heads (head k predicts token t+2+k)."""
@@ -52,6 +52,9 @@ class HeadSection:
     norm_before_residual: bool = False
     """EAGLE-3: take the residual after hidden_norm."""
     intermediate_size: int | None = None
+    exit_layer: int = 2
+    """earlyexit: the draft shares the target's layers 0..L-1 and its adapter reads hidden_states[L] (an EAGLE-3
+    cache holds aux layers 2, N//2, N-3: pick one of them to train from it)."""
     """EAGLE: MLP width of the draft layer; null = the target's."""
 
 
@@ -155,6 +158,10 @@ def build_head(cfg: HeadsConfig, target, train_examples: list[dict]) -> torch.nn
         if isinstance(i, int)
     }
     vocab_ids = build_vocab_ids(counts, min(h.draft_vocab_size, v), always=sorted(special))
+    if h.kind == "earlyexit":  # the target's own head rows over the same reduced vocabulary as EAGLE-3's
+        from draftsmith.heads.earlyexit import EarlyExitAdapter
+
+        return EarlyExitAdapter.from_target(target, h.exit_layer, vocab_ids, h.intermediate_size)
     n = target.config.num_hidden_layers
     aux = h.aux_layers or default_aux_layers(n)
     if len(aux) != 3 or not all(0 <= i <= n for i in aux):
@@ -193,8 +200,10 @@ def run_heads(
         examples, cfg.data.eval_fraction, cfg.data.max_eval_examples, cfg.train.seed
     )
     head = build_head(cfg, target, train_ex).to(accelerator.device)
-    kind = "eagle3" if cfg.head.kind == "eagle3" else ("eagle" if cfg.head.kind == "eagle" else "medusa")
+    kind = cfg.head.kind if cfg.head.kind in ("eagle3", "eagle", "earlyexit") else "medusa"
     aux = list(head.config.aux_hidden_state_layer_ids) if kind == "eagle3" else []
+    if kind == "earlyexit":
+        aux = [head.config.exit_layer]
 
     cache = None
     if cfg.data.hidden_states != "online" and cfg.head.kind != "medusa2":

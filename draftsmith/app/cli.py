@@ -31,6 +31,10 @@ COMMANDS = {
     "check": ("draftsmith.app.cli", "check that a draft's tokenizer matches a target's (no weights loaded)"),
     "export": ("draftsmith.app.export", "export a checkpoint for transformers, vLLM or SGLang"),
     "push": ("draftsmith.app.push", "publish a checkpoint with a model card to the Hugging Face Hub"),
+    "layerskip": (
+        "draftsmith.app.selfspec",
+        "pick the layers a target skips to draft for itself (measured here); write a layerskip: drafter",
+    ),
 }
 
 

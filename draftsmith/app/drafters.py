@@ -10,6 +10,7 @@ from draftsmith.decode.drafters import Builder, DrafterContext, build_draft, bui
 from draftsmith.decode.proposer import Proposer
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.proposers import build_eagle, build_medusa
+from draftsmith.heads.selfdraft import build_earlyexit, build_layerskip
 
 DRAFTERS: dict[str, Builder] = {
     "draft": build_draft,
@@ -17,8 +18,10 @@ DRAFTERS: dict[str, Builder] = {
     "medusa": build_medusa,
     "eagle": build_eagle,
     "eagle3": build_eagle,
+    "layerskip": build_layerskip,
+    "earlyexit": build_earlyexit,
 }
-NEEDS_PATH = {"draft", "medusa", "eagle", "eagle3"}
+NEEDS_PATH = {"draft", "medusa", "eagle", "eagle3", "layerskip", "earlyexit"}
 """Kinds whose argument starts with a model folder or Hub id (checked before anything loads)."""
 
 

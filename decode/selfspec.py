@@ -1,0 +1,350 @@
+"""Self-speculative drafting: the target drafts for itself with a subset of its own decoder layers.
+
+Two drafters share this machinery (no weight is copied, the target is never modified):
+- layer skipping (Draft&Verify, SWIFT): the draft runs the target's layers minus a skip set, then its final norm
+  and lm_head (optionally only the rows of a reduced vocabulary);
+- early exit (Kangaroo): the target's first L layers, then a small trained adapter (draftsmith.heads.earlyexit)
+  and the target's lm_head rows.
+
+KV cache sharing. The draft runs on the TARGET's DynamicCache: a drafted token's query in layer i attends to the
+full model's keys/values of the committed context in that layer (what the verify pass wrote there) plus the
+drafted rows the draft itself appended to layer i. No second KV cache for the layers it runs.
+
+Shared work (`reuse`). The leading layers 0..P-1 that the draft runs unchanged (P = the first skipped layer, or
+L for early exit) compute exactly what the verify pass computes for the drafted tokens: same weights, same
+inputs (the token embedding and the same context rows). With reuse on, their K/V rows stay in the target cache
+and their layer-P outputs are kept; the verify pass (`verify_forward`, called by the decoder instead of its own
+forward) runs layers 0..P-1 only for block tokens the draft did not process (the last drafted token, usually
+one) and layers P..N-1 for the whole block. Rows of the other layers the draft ran are inexact (their inputs
+differ from the full model's) and are cropped before the verify. Lossless: the verify logits are the target's
+own layers applied to the target's own states; only the row grouping of layers 0..P-1 differs from a block
+recompute (one-token steps, as in plain decoding). Trees: the draft's rows are cropped and the decoder's own
+tree-masked forward verifies (reuse is implemented for chains).
+
+Timeline of one step (P shared layers, cache length c = committed tokens minus the root):
+    propose: root, d1, .. through the draft layers at positions c, c+1, ..; each appends to the layers it runs
+    end of propose: layers >= P cropped to c; layers < P keep rows [root, d1 .. d_j] (reuse) or are cropped
+    verify_forward: layers < P for d_{j+1} .. d_n, layers >= P for [root, d1 .. d_n] -> logits [1, 1 + n, V]
+    the decoder then crops / compacts every layer to the accepted path as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.sampling import SamplingParams, sample, warp_probs
+
+from .proposer import Proposal
+
+
+class TargetLayers:
+    """The target's decoder (HF Llama-family layer API: embed_tokens, layers, norm, rotary_emb) run layer by
+    layer over its own DynamicCache. Holds references only."""
+
+    def __init__(self, target):
+        dec = target.get_decoder()
+        for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
+            if not hasattr(dec, name):
+                raise DraftsmithError(
+                    f"self-speculative drafting needs a Llama-style decoder ({name} missing on "
+                    f"{type(dec).__name__}); use a draft:, eagle: or ngram: drafter for this target"
+                )
+        cfg = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+        if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+            if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ["full_attention"])):
+                raise DraftsmithError("self-speculative drafting supports full-attention layers only")
+        self.dec = dec
+        self.layers = dec.layers
+        self.num_layers = len(dec.layers)
+        self.dtype = dec.embed_tokens.weight.dtype
+        self.device = dec.embed_tokens.weight.device
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, n] -> embeddings [B, n, H]."""
+        return self.dec.embed_tokens(ids)
+
+    def run(
+        self,
+        h: torch.Tensor,
+        layer_ids: Sequence[int],
+        cache,
+        positions: torch.Tensor,
+        block_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run layers `layer_ids` (ascending) on h [B, n, H] at positions [n], appending K/V to `cache`.
+
+        block_mask [n, m + n] bool: what the n new rows see among the last m rows already in each layer and
+        themselves (True = attend); everything before those is the committed context, visible to all.
+        None: one row sees everything; several rows are causal among themselves (m = 0)."""
+        n = h.shape[1]
+        if block_mask is None and n > 1:
+            block_mask = torch.ones(n, n, dtype=torch.bool, device=h.device).tril()
+        pos = positions.view(1, n)
+        rope = self.dec.rotary_emb(h, pos)
+        masks: dict[int, torch.Tensor | None] = {}
+        for i in layer_ids:
+            past = cache.layers[i].get_seq_length()
+            if past not in masks:
+                masks[past] = None if block_mask is None else _additive(block_mask, past, h.dtype)
+            h = self.layers[i](
+                h, attention_mask=masks[past], position_ids=pos, cache=cache, use_cache=True,
+                position_embeddings=rope,
+            )  # fmt: skip
+        return h
+
+
+def _additive(block_mask: torch.Tensor, past: int, dtype) -> torch.Tensor:
+    """bool [n, m + n] over the last m + n keys of a layer holding `past` rows before this call -> additive
+    [1, 1, n, past + n] mask (0 = attend, finfo.min = masked); HF attention passes a 4D mask through as-is."""
+    n, w = block_mask.shape
+    full = torch.ones(n, past + n, dtype=torch.bool, device=block_mask.device)
+    full[:, past + n - w :] = block_mask
+    out = torch.zeros(n, past + n, dtype=dtype, device=block_mask.device)
+    return out.masked_fill_(~full, torch.finfo(dtype).min)[None, None]
+
+
+def crop_layers(cache, layer_ids: Sequence[int], length: int) -> None:
+    """Drop rows past `length` from the given layers of a DynamicCache (the others are left alone)."""
+    for i in layer_ids:
+        extra = cache.layers[i].get_seq_length() - length
+        if extra > 0:
+            cache.layers[i].crop(-extra)
+
+
+class DraftTop(Protocol):
+    """What turns the draft layers' output into draft logits (the target's norm + head, or a trained adapter)."""
+
+    hidden_state_layers: tuple[int, ...]  # target states the top needs for committed tokens (decoder protocol)
+    vocab_ids: torch.Tensor | None  # [V_d] target ids of the logits' columns (None = the full vocabulary)
+
+    def begin(self, tokens: torch.Tensor, hidden: tuple[torch.Tensor, ...] | None) -> None: ...
+
+    def advance(self, new_tokens: torch.Tensor, hidden: tuple[torch.Tensor, ...] | None) -> None: ...
+
+    def logits(self, h: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor | None, m: int):
+        """h [B, n, H] drafted rows after the draft layers -> logits [B, n, V_d]; rows see the context, the m
+        rows drafted before this call and themselves as `block_mask` [n, m + n] says (None: causal)."""
+        ...
+
+    def end_draft(self) -> None:
+        """Forget the drafted rows (the context stays)."""
+        ...
+
+
+class NormHeadTop:
+    """Layer skipping's top: the target's own final norm and lm_head (rows of `vocab_ids` only, if given)."""
+
+    hidden_state_layers: tuple[int, ...] = ()
+
+    def __init__(self, target, vocab_ids: torch.Tensor | None = None):
+        self.norm = target.get_decoder().norm
+        w = target.get_output_embeddings().weight
+        self.vocab_ids = None if vocab_ids is None else vocab_ids.to(w.device, torch.long)
+        # a contiguous copy of the kept rows: gathering them every draft step would cost more than the matmul
+        self.weight = w if self.vocab_ids is None else w[self.vocab_ids].detach().clone()
+
+    def begin(self, tokens, hidden) -> None:
+        pass
+
+    def advance(self, new_tokens, hidden) -> None:
+        pass
+
+    def logits(self, h, positions, block_mask, m):
+        return F.linear(self.norm(h), self.weight)
+
+    def end_draft(self) -> None:
+        pass
+
+
+class SelfSpecProposer:
+    """Drafts a chain (top_k = 1) or an EAGLE-2-style dynamic tree with the target's own layers `draft_layers`
+    and a `top`. `exact_prefix` = P: layers 0..P-1 are run unchanged by the draft (reusable by the verify pass).
+    stop_below > 0 ends a chain at the first draft token whose probability (temperature 1) is below it.
+    Needs the decoder's `attach` hook (it drafts on the target's cache)."""
+
+    def __init__(
+        self,
+        target,
+        draft_layers: Sequence[int],
+        top: DraftTop,
+        *,
+        name: str = "selfspec",
+        top_k: int = 1,
+        depth: int = 8,
+        total_tokens: int | None = None,
+        stop_below: float = 0.0,
+        reuse: bool = True,
+    ):
+        self.t = TargetLayers(target)
+        layers = sorted(set(int(i) for i in draft_layers))
+        if not layers or layers[0] < 0 or layers[-1] >= self.t.num_layers:
+            raise DraftsmithError(f"draft layers must lie in [0, {self.t.num_layers}), got {list(draft_layers)}")
+        if top_k < 1 or depth < 1:
+            raise DraftsmithError(f"{name} needs top_k >= 1 and depth >= 1, got {top_k}, {depth}")
+        if not 0.0 <= stop_below < 1.0:
+            raise DraftsmithError(f"{name} option stop_below must be in [0, 1), got {stop_below}")
+        self.name, self.top, self.draft_layers = name, top, layers
+        self.exact = next((j for j, i in enumerate(layers) if i != j), len(layers))  # P: leading unchanged layers
+        self.shared = list(range(self.exact))
+        self.rest = list(range(self.exact, self.t.num_layers))
+        self.top_k, self.depth = top_k, depth
+        self.total = total_tokens or (depth if top_k == 1 else top_k * depth)
+        self.max_nodes = self.total
+        self.stop_below = float(stop_below)
+        self.reuse = bool(reuse)
+        self.hidden_state_layers = tuple(top.hidden_state_layers)
+        for i in self.hidden_state_layers:
+            if i != self.exact:
+                raise DraftsmithError(f"{name}: the top may only read layer {self.exact}'s input states, not {i}")
+        self.vocab_ids = top.vocab_ids
+        self.target_vocab_size = int(target.get_output_embeddings().weight.shape[0])
+        self.tree = False if top_k == 1 else f"dynamic top_k={top_k} depth={depth} total_tokens={self.total}"
+        self.decoder = self.cache = None
+
+    # -- decoder hooks ----------------------------------------------------------------------------------------
+    def attach(self, decoder, cache) -> None:
+        """Called by the decoder after the prefill: the target's cache (holding the prompt) and the decoder."""
+        if type(cache).__name__ != "DynamicCache":
+            raise DraftsmithError(f"{self.name} drafts on a DynamicCache; run it without --compile / static_cache")
+        self.decoder, self.cache = decoder, cache
+        self.cached = cache.layers[0].get_seq_length()
+
+    def begin(self, tokens: torch.Tensor, hidden) -> None:
+        if self.cache is None:
+            raise DraftsmithError(f"{self.name} drafts on the target's cache; use draftsmith's SpeculativeDecoder")
+        self.root = tokens[:, -1:].to(self.t.device)
+        self.pending = None  # what verify_forward may reuse: (rows processed, layer-P states [B, j, H])
+        self.top.begin(tokens, hidden)
+
+    def advance(self, accepted_nodes: list[int], new_tokens: torch.Tensor, hidden) -> None:
+        self.cached += len(accepted_nodes) + 1  # the decoder cropped/compacted its cache to this length
+        self.root = new_tokens[:, -1:].to(self.t.device)
+        self.pending = None
+        self.top.advance(new_tokens, hidden)
+
+    # -- drafting ---------------------------------------------------------------------------------------------
+    def _step(self, ids: torch.Tensor, positions: torch.Tensor, block_mask, m: int):
+        """Draft layers + top on new rows ids [B, n] -> (logits [B, n, V_d], layer-P states [B, n, H])."""
+        h = self.t.embed(ids)
+        h = self.t.run(h, self.shared, self.cache, positions, block_mask)
+        h_p = h
+        deeper = self.draft_layers[self.exact :]
+        if deeper:
+            h = self.t.run(h, deeper, self.cache, positions, block_mask)
+        return self.top.logits(h, positions, block_mask, m), h_p
+
+    def _to_target(self, idx: torch.Tensor) -> torch.Tensor:
+        return idx if self.vocab_ids is None else self.vocab_ids[idx]
+
+    @torch.inference_mode()
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None = None) -> Proposal:
+        depth = min(self.depth, k)
+        if self.top_k == 1:
+            prop = self._chain(depth, params, generator)
+        else:
+            prop = self._tree(depth)
+        self.top.end_draft()
+        return prop
+
+    def _chain(self, depth: int, params: SamplingParams, generator) -> Proposal:
+        c, dev = self.cached, self.t.device
+        ids, tokens, probs, states = self.root, [], [], []
+        for i in range(depth):
+            logits, h_p = self._step(ids, torch.tensor([c + i], device=dev), None, i)
+            states.append(h_p)
+            logits = logits[:, -1]
+            if self.stop_below > 0.0 and float(torch.softmax(logits.float(), -1).amax()) < self.stop_below:
+                break
+            if params.greedy:
+                idx = logits.argmax(-1)
+            else:
+                q = warp_probs(logits, params)  # the distribution the token is drawn from
+                idx = sample(q, generator)
+                if self.vocab_ids is None:
+                    probs.append(q)
+                else:
+                    probs.append(q.new_zeros(q.shape[0], self.target_vocab_size).index_copy_(1, self.vocab_ids, q))
+            ids = self._to_target(idx)[:, None]
+            tokens.append(ids[:, 0])
+        crop_layers(self.cache, self.draft_layers[self.exact :], c)  # inexact rows: never verified
+        if self.reuse:
+            self.pending = (len(states), torch.cat(states, 1))
+        else:
+            crop_layers(self.cache, self.shared, c)
+        if not tokens:
+            return Proposal.empty(1, dev)
+        return Proposal.chain(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None)
+
+    def _tree(self, depth: int) -> Proposal:
+        """EAGLE-2 dynamic tree (deterministic top-k, point masses): depth 1 = the top_k tokens after the root;
+        each further depth expands the top_k frontier nodes (by cumulative log-prob) in one batched step; the
+        `total` best of all candidates form the tree (closed under ancestors)."""
+        c, dev, kk = self.cached, self.t.device, self.top_k
+        logits, _ = self._step(self.root, torch.tensor([c], device=dev), None, 0)
+        top = torch.log_softmax(logits[0, -1].float(), -1).topk(kk)
+        toks_l, score_l = [top.indices], [top.values]
+        parent_l = [torch.full((kk,), -1, device=dev, dtype=torch.long)]
+        frontier = torch.arange(kk, device=dev)
+        parent_rows = None
+        anc = torch.ones(1, 1, dtype=torch.bool, device=dev)  # drafted rows so far: the root (row 0)
+        eye = torch.eye(kk, dtype=torch.bool, device=dev)
+        n_cand = kk
+        for d in range(1, depth):
+            m0, f = anc.shape[0], frontier.shape[0]
+            # a frontier row sees the root, its expanded ancestors (its parent's row) and itself
+            inherited = anc[parent_rows] if parent_rows is not None else anc.new_ones(f, m0)
+            new_anc = torch.cat([inherited, eye[:f, :f]], 1)  # [F, m0 + F]
+            ids = self._to_target(torch.cat(toks_l)[frontier])[None]
+            logits, _ = self._step(ids, torch.full((f,), c + d, device=dev), new_anc, m0)
+            anc = torch.cat([torch.cat([anc, anc.new_zeros(m0, f)], 1), new_anc], 0)
+            child = torch.log_softmax(logits[0].float(), -1).topk(kk, dim=-1)  # [F, top_k]
+            score = (torch.cat(score_l)[frontier][:, None] + child.values).flatten()
+            toks_l.append(child.indices.flatten())
+            score_l.append(score)
+            parent_l.append(frontier[:, None].expand(-1, kk).flatten())
+            best = score.topk(min(kk, score.numel())).indices
+            frontier = n_cand + best
+            parent_rows = m0 + best // kk
+            n_cand += score.numel()
+        crop_layers(self.cache, self.draft_layers, c)  # trees: the decoder's tree-masked forward verifies
+        all_tok, all_score, all_parent = torch.cat(toks_l), torch.cat(score_l), torch.cat(parent_l)
+        # the depth penalty breaks log-prob ties in favour of parents: the kept set is closed under ancestors
+        depth_of = torch.cat([torch.full((t.numel(),), float(i), device=dev) for i, t in enumerate(toks_l)])
+        keep = (all_score - 1e-4 * depth_of).topk(min(self.total, n_cand)).indices.sort().values
+        where = {cand: i for i, cand in enumerate(keep.tolist())}
+        parents = [where[p] if p >= 0 else -1 for p in all_parent[keep].tolist()]
+        return Proposal(self._to_target(all_tok[keep])[None], parents)
+
+    # -- verification with shared work ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def verify_forward(self, block: torch.Tensor, proposal: Proposal):
+        """The decoder's verify forward over block [1, 1 + n] (root + chain), reusing the draft's rows of layers
+        0..P-1. Returns (logits [1, 1 + n, V], hidden per hidden_state_layers [1, 1 + n, H]) or None (no
+        reusable rows: the decoder runs its own forward)."""
+        pending, self.pending = self.pending, None
+        if pending is None or not proposal.is_chain:
+            return None
+        j, h_done = pending  # rows [root, d1 .. d_{j-1}] went through layers 0..P-1 while drafting
+        n = block.shape[1]
+        c, dev = self.cached, self.t.device
+        parts = [h_done[:, :n]]
+        if j < n:  # block tokens the draft never ran (usually the last drafted one)
+            # the new rows see the j drafted rows and are causal among themselves; one row (the usual case) sees
+            # everything, so it runs exactly like a drafting step (mask None)
+            mask = None if n - j == 1 else torch.ones(n - j, n, dtype=torch.bool, device=dev).tril(j)
+            h_new = self.t.run(
+                self.t.embed(block[:, j:]), self.shared, self.cache, torch.arange(c + j, c + n, device=dev), mask
+            )
+            parts.append(h_new)
+        h_p = torch.cat(parts, 1)
+        h = self.t.run(h_p, self.rest, self.cache, torch.arange(c, c + n, device=dev))
+        h = self.t.dec.norm(h)
+        head_t = getattr(self.decoder, "_head_t", None)
+        logits = h @ head_t if head_t is not None else self.decoder.target.get_output_embeddings()(h)
+        hidden = tuple(h_p for _ in self.hidden_state_layers) if self.hidden_state_layers else None
+        return logits, hidden

@@ -1,0 +1,162 @@
+"""Self-speculative drafters next to the others, ONE process, same target, prompts and settings (greedy).
+
+    python scripts/bench_selfspec.py --prompts builtin:dev-eval --limit 12 --max-new-tokens 64 \
+        --drafter eagle3=eagle:runs/heads-eagle3/final,top_k=6,depth=3,total_tokens=10@6 \
+        --drafter earlyexit=earlyexit:runs/earlyexit/final,stop_below=0.3@6 \
+        --drafter earlyexit-noreuse=earlyexit:runs/earlyexit/final,stop_below=0.3,reuse=0@6 \
+        --drafter layerskip=layerskip:runs/layerskip@4
+
+Each `--drafter NAME=SPEC@K` is a `draftsmith eval` drafter spec and its draft length. Per prompt, plain decoding
+and every drafter run once, in an order rotated per prompt; the first prompt is a warm-up, excluded. Printed per
+drafter: tau (bonus included), alpha per position, draft cost per drafted token as a fraction of a plain target
+step, verify time per step, speedup (tokens/s over plain's, same run), extra bytes (tensors the drafter holds
+that are not the target's own), lossless (greedy output == plain). Writes --out/bench.json and bench.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from draftsmith import models
+from draftsmith.app.drafters import build_proposer
+from draftsmith.decode.decoder import SpeculativeDecoder
+from draftsmith.decode.drafters import DrafterContext
+from draftsmith.decode.metrics import alpha_per_position
+from draftsmith.prompts import load_prompts, prompt_ids
+
+
+def extra_bytes(obj, target) -> int:
+    """Bytes of the tensors reachable from a proposer's attributes (modules included) that do not live in the
+    target's own parameter/buffer storage: what drafting adds to memory beside the target (KV caches excluded)."""
+    own = {t.untyped_storage().data_ptr() for t in [*target.parameters(), *target.buffers()]}
+    seen: set[int] = set()
+    total = 0
+
+    def visit(x, depth=0):
+        nonlocal total
+        if depth > 4 or id(x) in seen:
+            return
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            ptr = x.untyped_storage().data_ptr()
+            if ptr not in own and ptr not in seen:
+                seen.add(ptr)
+                total += x.untyped_storage().nbytes()
+        elif isinstance(x, torch.nn.Module):
+            if x is target:
+                return
+            for t in [*x.parameters(), *x.buffers()]:
+                visit(t, depth + 1)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v, depth + 1)
+        elif hasattr(x, "__dict__") and not isinstance(x, type):
+            for k, v in vars(x).items():
+                if k not in ("cache", "decoder", "kv", "pending", "seq", "buf"):  # per-sequence state
+                    visit(v, depth + 1)
+
+    visit(obj)
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--prompts", default="builtin:dev-eval")
+    ap.add_argument("--limit", type=int, default=12)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--drafter", action="append", required=True, help="NAME=SPEC@K (repeatable)")
+    ap.add_argument("--out", default="runs/bench_selfspec")
+    ap.add_argument("--dtype", default=None)
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    specs = []
+    for d in args.drafter:
+        name, _, rest = d.partition("=")
+        spec, _, k = rest.rpartition("@")
+        if not name or not spec or not k.isdigit():
+            raise SystemExit(f"error: --drafter {d!r} must be NAME=SPEC@K, e.g. eagle3=eagle:DIR@6")
+        specs.append((name, spec, int(k)))
+    tok = models.load_tokenizer(args.target)
+    target = models.load_model(args.target, dtype=args.dtype)
+    dev = next(target.parameters()).device
+    ctx = DrafterContext(target=target, tokenizer=tok, device=dev, target_spec=args.target)
+    props = {name: (build_proposer(spec, ctx), k) for name, spec, k in specs}
+    dec = SpeculativeDecoder(target, tok)
+    prompts = load_prompts(args.prompts, limit=args.limit + 1)  # +1: the warm-up prompt
+    encoded = [torch.tensor([prompt_ids(tok, p)]) for p in prompts]
+    methods = ["plain", *props]
+    res: dict[str, list] = {m: [] for m in methods}
+    t0 = time.time()
+    for i, ids in enumerate(encoded):
+        order = methods[i % len(methods) :] + methods[: i % len(methods)]
+        for m in order:
+            p, k = props.get(m, (None, 4))
+            r = dec.generate(ids, p, k=k, max_new_tokens=args.max_new_tokens if i else 16)
+            if i:
+                res[m].append(r)
+        print(f"prompt {i}/{len(encoded) - 1} done ({time.time() - t0:.0f} s)", flush=True)
+    plain = res["plain"]
+    p_tokens = sum(len(r.tokens) for r in plain)
+    p_time = sum(r.time_total for r in plain)
+    step_s = p_time / max(sum(r.target_forwards for r in plain), 1)  # one plain target step (prefill included)
+    rows = {}
+    for m, (p, k) in props.items():
+        rs = res[m]
+        steps = sum(len(r.accepted) for r in rs)
+        tokens = sum(len(r.tokens) for r in rs)
+        t_total, t_draft = sum(r.time_total for r in rs), sum(r.time_draft for r in rs)
+        drafted = sum(sum(r.proposed) for r in rs)
+        rows[m] = {
+            "spec": next(s for n, s, _ in specs if n == m),
+            "k": k,
+            "tau": (sum(sum(r.accepted) for r in rs) + steps) / max(steps, 1),
+            "alpha_per_position": alpha_per_position(rs, k),
+            "draft_cost_per_token": (t_draft / max(drafted, 1)) / step_s,
+            "verify_ms_per_step": 1e3 * (t_total - t_draft) / max(steps, 1),
+            "speedup": (tokens / t_total) / (p_tokens / p_time),
+            "extra_bytes": extra_bytes(p, target),
+            "lossless": all(a.tokens == b.tokens for a, b in zip(rs, plain)),
+        }
+    out = {"target": args.target, "prompts": args.prompts, "n_prompts": len(plain), "max_new_tokens":
+           args.max_new_tokens, "dtype": str(target.dtype), "threads": torch.get_num_threads(),
+           "plain_ms_per_step": 1e3 * step_s, "plain_tokens_per_s": p_tokens / p_time, "drafters": rows}  # fmt: skip
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "bench.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\nplain: {p_tokens / p_time:.1f} tokens/s, {1e3 * step_s:.1f} ms per target step ({len(plain)} prompts)")
+    print("| drafter | k | tau | alpha per position | draft cost / target step | verify ms/step | speedup | extra MB | lossless |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for m, r in rows.items():
+        alpha = " ".join("-" if a is None else f"{a:.2f}" for a in r["alpha_per_position"])
+        print(f"| {m} | {r['k']} | {r['tau']:.2f} | {alpha} | {r['draft_cost_per_token']:.3f} | "
+              f"{r['verify_ms_per_step']:.1f} | {r['speedup']:.2f}x | {r['extra_bytes'] / 2**20:.1f} | {r['lossless']} |")  # fmt: skip
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        for m, r in rows.items():
+            xs = [i + 1 for i, a in enumerate(r["alpha_per_position"]) if a is not None]
+            a1.plot(xs, [a for a in r["alpha_per_position"] if a is not None], marker="o", label=m)
+        a1.set(xlabel="draft position", ylabel="alpha (conditional acceptance)", ylim=(0, 1), title="acceptance")
+        a1.legend(fontsize=8)
+        a2.bar(list(rows), [r["speedup"] for r in rows.values()])
+        a2.axhline(1.0, color="k", lw=0.8)
+        a2.set(ylabel="speedup over plain (same run)", title=f"{args.target}, {len(plain)} prompts")
+        a2.tick_params(axis="x", labelrotation=30, labelsize=8)
+        fig.tight_layout()
+        fig.savefig(Path(args.out) / "bench.png", dpi=110)
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    main()
