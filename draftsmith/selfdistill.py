@@ -44,13 +44,6 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return input_ids, attn
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
-    ids = eos_token_ids(model, tokenizer)
-    if not ids:
-        raise DraftsmithError("the target has no eos token (generation_config or tokenizer); set one")
-    return ids
-
-
 def _read_manifest(out: Path) -> dict | None:
     f = out / MANIFEST
     if not f.is_file():
@@ -95,17 +88,20 @@ def generate_dataset(
     from tqdm.auto import tqdm
 
     from draftsmith import models
-    from draftsmith.prompts import is_eval_source, load_prompts, prompt_ids
+    from draftsmith.prompts import check_limit, is_eval_source, load_prompts, prompt_ids
     from draftsmith.sampling import SamplingParams
 
     source = prompts if isinstance(prompts, str) else f"list:{len(prompts)}"
     if isinstance(prompts, str) and is_eval_source(prompts) and not for_eval:
         raise DraftsmithError(
-            f"{prompts} is an evaluation set; generate training data from other prompts (e.g. builtin:train)"
+            f"{prompts} is or holds an evaluation set (its prompts match builtin:dev-eval's); generate training "
+            "data from other prompts (e.g. builtin:train)"
         )
     if max_new_tokens < 1 or batch_size < 1 or shard_size < 1:
         raise DraftsmithError("max_new_tokens, batch_size and shard_size must be >= 1")
+    check_limit(limit)
     params = SamplingParams(temperature, top_k, top_p)
+    device = models.parse_device(device) if model is None else device
     out = Path(out_dir)
     settings = {
         "target": str(target),
@@ -157,6 +153,13 @@ def generate_dataset(
         if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             continue
         todo.append((key, p, ids))
+    if not todo and not done:  # nothing answered before, nothing to answer now: an empty dataset helps no one
+        limits = [f"--max-prompt-tokens {max_prompt_tokens}"] if max_prompt_tokens is not None else []
+        limits += [f"the context ({ctx} positions, {max_new_tokens} kept for the answer)"] if ctx else []
+        raise DraftsmithError(
+            f"all {len(plist)} prompts were skipped as longer than {' or '.join(limits)}; nothing to generate - "
+            "lower --max-new-tokens, raise --max-prompt-tokens or pass shorter prompts"
+        )
     manifest = manifest or {
         "format": FORMAT,
         "settings": settings,
@@ -170,7 +173,7 @@ def generate_dataset(
         log.info("%s: all %d prompts already answered", out, len(plist))
         return out
     todo.sort(key=lambda t: len(t[2]))  # similar lengths per batch: less left padding
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_token_ids(model, tokenizer, required=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     gen = torch.Generator(device="cpu").manual_seed(seed)
     dev = next(model.parameters()).device

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import atomic_write
 from draftsmith.modeling import base_decoder, causal_lm
+from draftsmith.models import eos_token_ids
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 
@@ -41,15 +42,18 @@ def token_counts(sequences: Iterable[Sequence[int]], vocab_size: int) -> torch.L
     return counts
 
 
-def special_token_ids(tokenizer) -> list[int]:
-    """Ids of the tokenizer's special tokens (bos/eos/pad/unk/additional), sorted: pass as `always` so the
-    draft can still propose eos and chat-template tokens."""
+def special_token_ids(tokenizer=None, model=None) -> list[int]:
+    """Ids a reduced draft vocabulary must always keep, sorted: every special token of the tokenizer
+    (bos/eos/pad/unk/additional, chat-template markers) and the model's end-of-sequence ids (its
+    generation_config and config), so the draft can still propose eos and chat-template tokens."""
     ids = set(getattr(tokenizer, "all_special_ids", None) or ())
-    for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
-        value = getattr(tokenizer, name, None)
-        if isinstance(value, int):
-            ids.add(value)
-    return sorted(i for i in ids if i is not None and i >= 0)
+    for name in ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id"):
+        for src in (tokenizer, getattr(model, "config", None)):
+            value = getattr(src, name, None)
+            ids.update([value] if isinstance(value, int) else list(value or []))
+    if model is not None:
+        ids.update(eos_token_ids(model, tokenizer))
+    return sorted(int(i) for i in ids if i is not None and int(i) >= 0)
 
 
 def build_vocab_ids(counts: torch.Tensor, size: int, always: Sequence[int] = ()) -> torch.LongTensor:

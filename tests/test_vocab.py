@@ -144,3 +144,18 @@ def test_special_token_ids_kept_in_vocab(tiny_tokenizer):
     counts = token_counts([tiny_tokenizer("hello world hello").input_ids], len(tiny_tokenizer))
     vocab_ids = build_vocab_ids(counts, 5, always=ids)
     assert tiny_tokenizer.eos_token_id in vocab_ids.tolist() and len(vocab_ids) == 5
+
+
+def test_special_token_ids_joins_tokenizer_and_model_end_tokens():
+    from types import SimpleNamespace
+
+    from draftsmith.vocab import special_token_ids
+
+    tok = SimpleNamespace(all_special_ids=[0, 5], eos_token_id=5, bos_token_id=0, pad_token_id=None)
+    model = SimpleNamespace(
+        config=SimpleNamespace(eos_token_id=[5, 7], bos_token_id=0, pad_token_id=None),
+        generation_config=SimpleNamespace(eos_token_id=9),  # e.g. <|eot_id|>: only the model knows it
+    )
+    assert special_token_ids(tok) == [0, 5]
+    assert special_token_ids(tok, model) == [0, 5, 7, 9]
+    assert special_token_ids(None, model) == [0, 5, 7, 9]
