@@ -1,13 +1,15 @@
 """One generic training loop (accelerate), parameterised by a loss closure.
 
 Distillation (train/distill.py) and the Medusa/EAGLE heads (train/heads.py) both call `run(...)`; nothing
-method-specific lives here. The loop gives every caller the same output-dir contract:
+method-specific lives here. Every caller gets the same output folder (draftsmith.rundir):
 
     out_dir/run.yaml                       resolved config (refuses an out_dir that holds another run)
+    out_dir/.lock                          held while the run lives (a second start is refused, naming the pid)
     out_dir/metrics.jsonl                  one JSON per event: {"event": "train"|"eval", "step": ..., ...}
-    out_dir/checkpoints/step-0000010/      accelerator.save_state (safetensors) + trainer_state.json,
-                                           written under a tmp name then renamed; the last N are kept
-    out_dir/final/                         whatever `save_fn(model, dir)` writes (save_pretrained)
+    out_dir/checkpoints/step-0000010/      accelerator.save_state + trainer_state.json, written under a tmp
+                                           name then renamed; the last N are kept
+    out_dir/final/                         whatever `save_fn(model, dir)` writes (save_pretrained), with the
+                                           whole parameters gathered under sharded engines (FSDP, ZeRO-3)
 
 Resume (`resume=True`) restores model/optimizer/scheduler/RNG from the newest checkpoint and the data position
 (epoch, batch index), so a killed run continues where it stopped with the step count continuing.
@@ -20,28 +22,45 @@ epoch (seeded shuffles); expensive per-batch work (on-policy sampling) belongs i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
-import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import yaml
 
+from draftsmith.engines import (
+    check_distributed,
+    full_params,
+    make_accelerator,
+    resolve_mixed_precision,
+    unshard_for_good,
+)
 from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import replace_dir, write_json
+from draftsmith.rundir import (
+    STATE_FILE,
+    check_out_dir,
+    claim_out_dir,
+    list_checkpoints,
+    read_checkpoint_state,
+    truncate_events,
+)
+
+__all__ = ["TrainArgs", "run", "make_accelerator", "list_checkpoints", "resolve_mixed_precision"]
 
 log = logging.getLogger(__name__)
 
 LossFn = Callable[[torch.nn.Module, Any], "tuple[torch.Tensor, dict[str, float]]"]
-STATE_FILE = "trainer_state.json"
-# keys a resumed run may change without being "another run"
-RESUMABLE_CHANGES = {"max_steps", "log_every", "eval_every", "save_every", "keep_checkpoints", "num_workers"}
+# accelerate's own save/load logs ("[RANK 0] Model weights saved in ...", "Removed shared tensor ...") are shown
+# only when draftsmith logs at DEBUG (-v): they are normal and tell a user nothing about their run
+LIBRARY_LOGGERS = ("accelerate",)
 
 
 @dataclass
@@ -78,8 +97,6 @@ class TrainArgs:
     """Seed for torch/numpy/python RNGs (accelerate.utils.set_seed) and data order."""
     mixed_precision: Literal["no", "bf16", "fp16", "auto"] | bool = "auto"
     """Autocast mode; auto = bf16 on CUDA and on CPUs with AMX, else no. (YAML 1.1 reads a bare `no` as false: accepted as "no".)"""
-    num_workers: int = 0
-    """DataLoader workers, for callers that build loaders."""
 
     def __post_init__(self) -> None:
         if self.mixed_precision is False:
@@ -96,7 +113,6 @@ class TrainArgs:
             "log_every",
             "eval_every",
             "save_every",
-            "num_workers",
             "keep_checkpoints",
         ):
             if getattr(self, name) < 0:
@@ -109,100 +125,24 @@ class TrainArgs:
             raise DraftsmithError(f"train.adam_betas needs two numbers, got {self.adam_betas}")
 
 
-def resolve_mixed_precision(mode: str) -> str:
-    if mode == "auto":  # bf16 autocast where bf16 matmuls are native (CUDA, AMX CPUs): models.default_dtype
-        from draftsmith.models import default_device, default_dtype
-
-        return "bf16" if default_dtype(default_device()) == torch.bfloat16 else "no"
-    return mode
+# --- checkpoints -------------------------------------------------------------------------------------------------
 
 
-def make_accelerator(args: TrainArgs, cpu: bool | None = None):
-    """An Accelerator configured for `args` (grad accumulation, mixed precision). Env/launch config still apply."""
-    from accelerate import Accelerator
-
-    kw = {} if cpu is None else {"cpu": cpu}
-    return Accelerator(
-        gradient_accumulation_steps=args.grad_accum,
-        mixed_precision=resolve_mixed_precision(args.mixed_precision),
-        **kw,
-    )
-
-
-# --- output dir and checkpoints ------------------------------------------------------------------------------
-
-
-def _strip_resumable(cfg: Any) -> Any:
-    if isinstance(cfg, dict):
-        return {k: _strip_resumable(v) for k, v in cfg.items() if k not in RESUMABLE_CHANGES}
-    return cfg
-
-
-def prepare_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, overwrite: bool) -> Path:
-    """Check `out_dir` is ours to write (same run, or resume/overwrite asked) and write run.yaml. Main process only."""
-    out = Path(out_dir)
-    run_yaml = out / "run.yaml"
-    has_run = run_yaml.is_file() or (out / "checkpoints").is_dir() or (out / "metrics.jsonl").is_file()
-    if has_run and overwrite:
-        for name in ("checkpoints", "final"):
-            shutil.rmtree(out / name, ignore_errors=True)
-        for name in ("metrics.jsonl", "run.yaml"):
-            (out / name).unlink(missing_ok=True)
-    elif has_run:
-        old = yaml.safe_load(run_yaml.read_text()) if run_yaml.is_file() else None
-        if (
-            run_config is not None
-            and old is not None
-            and _strip_resumable(old) != _strip_resumable(run_config)
-        ):
-            diff = _first_diff(_strip_resumable(old), _strip_resumable(run_config))
-            raise DraftsmithError(
-                f"{out} holds another run (run.yaml differs at {diff}); use a new output_dir or pass --overwrite"
-            )
-        if not resume:
-            raise DraftsmithError(
-                f"{out} already holds this run; pass --resume to continue it or --overwrite to restart"
-            )
-    elif resume:
-        raise DraftsmithError(f"--resume: {out} holds no run to resume; drop --resume to start one")
-    out.mkdir(parents=True, exist_ok=True)
-    if run_config is not None:
-        tmp = run_yaml.with_suffix(".yaml.tmp")
-        tmp.write_text(yaml.safe_dump(run_config, sort_keys=False))
-        os.replace(tmp, run_yaml)
-    return out
-
-
-def _first_diff(a: Any, b: Any, path: str = "") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b), key=str):
-            if a.get(k) != b.get(k):
-                return _first_diff(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
-    return f"{path or '<root>'} ({a!r} vs {b!r})"
-
-
-def list_checkpoints(out_dir: str | Path) -> list[Path]:
-    """Renamed (hence complete) checkpoints, oldest first. Tmp dirs are never listed."""
-    ckpt = Path(out_dir) / "checkpoints"
-    if not ckpt.is_dir():
-        return []
-    return sorted(
-        p for p in ckpt.iterdir() if p.is_dir() and p.name.startswith("step-") and p.name[5:].isdigit()
-    )
-
-
-def read_checkpoint_state(path: Path) -> dict:
-    """The trainer_state.json of a checkpoint; a missing/corrupt one is a DraftsmithError naming it."""
-    f = path / STATE_FILE
+@contextlib.contextmanager
+def quiet_library_logs() -> Iterator[None]:
+    """Raise accelerate's loggers to ERROR inside the block unless draftsmith logs at DEBUG (-v)."""
+    if logging.getLogger("draftsmith").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    loggers = [logging.getLogger(n) for n in LIBRARY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
     try:
-        state = json.loads(f.read_text())
-        int(state["step"]), int(state["epoch"]), int(state["batch_index"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DraftsmithError(
-            f"checkpoint {path} is corrupt or incomplete ({type(e).__name__} reading {STATE_FILE}); "
-            "delete it to resume from the previous one"
-        ) from None
-    return state
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _scheduler_state(scheduler) -> dict:
@@ -218,17 +158,50 @@ def _save_checkpoint(accelerator, out: Path, state: dict, keep: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
+    with quiet_library_logs():
+        accelerator.save_state(str(tmp), safe_serialization=True)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(
-            json.dumps(state, indent=1)
-        )  # written last: its presence marks completion
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for old in list_checkpoints(out)[: max(len(list_checkpoints(out)) - keep, 0)]:
+        write_json(tmp / STATE_FILE, state)  # written last: its presence marks completion
+        replace_dir(tmp, final)
+        ckpts = list_checkpoints(out)
+        for old in ckpts[: max(len(ckpts) - keep, 0)]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
+
+
+@dataclass
+class Position:
+    """Where training stands: optimizer steps done, epoch, index of the next unread batch in the epoch."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_index: int = 0
+
+
+def _restore(accelerator, out: Path, scheduler) -> Position:
+    """Load the newest checkpoint into the prepared model/optimizer/RNGs and the scheduler; its Position."""
+    ckpts = list_checkpoints(out)
+    if not ckpts:
+        accelerator.print(f"--resume: no checkpoint in {out}/checkpoints yet; starting at step 0")
+        return Position()
+    state = read_checkpoint_state(ckpts[-1])
+    try:
+        with quiet_library_logs():
+            accelerator.load_state(str(ckpts[-1]))
+    except Exception as e:  # noqa: BLE001 - accelerate/safetensors raise many types
+        raise DraftsmithError(
+            f"checkpoint {ckpts[-1]} could not be loaded ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+            "delete it to resume from the previous one, or check the model config matches"
+        ) from None
+    if "scheduler" in state:
+        sched = state["scheduler"]
+        scheduler.load_state_dict({"lr_lambdas": [None] * len(sched["base_lrs"]), **sched})
+    pos = Position(int(state["step"]), int(state["epoch"]), int(state["batch_index"]))
+    accelerator.print(
+        f"resuming from {ckpts[-1]} (step {pos.step}, epoch {pos.epoch}, batch {pos.batch_index})"
+    )
+    return pos
 
 
 # --- the loop ----------------------------------------------------------------------------------------------------
@@ -259,6 +232,20 @@ def _make_optimizer(
     return torch.optim.AdamW(groups, **kw)
 
 
+def _make_scheduler(optimizer: torch.optim.Optimizer, args: TrainArgs):
+    from transformers import get_scheduler
+
+    # NOT passed to accelerator.prepare: a prepared scheduler steps num_processes times per call (it assumes a
+    # per-process step count); it is stepped once per optimizer step here. Nor register_for_checkpointing:
+    # accelerate would pickle it; its state is a few numbers and travels in trainer_state.json instead.
+    return get_scheduler(
+        {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[args.schedule],
+        optimizer,
+        num_warmup_steps=args.warmup_steps,
+        num_training_steps=args.max_steps,
+    )
+
+
 def _shard(items: Iterable, world: int, rank: int, start: int):
     """Yield (index of the group's last item, this rank's item) for each complete group of `world` items at or
     after index `start`. Incomplete trailing groups are dropped so every rank takes the same number of steps."""
@@ -281,6 +268,155 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(v, device) for v in batch)
     return batch
+
+
+@dataclass
+class _Window:
+    """Metric sums since the last train log event."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    n_micro: int = 0
+    n_tokens: float = 0.0
+    t0: float = field(default_factory=time.perf_counter)
+
+    def add(self, name: str, value: float) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + value
+
+
+class _Loop:
+    """The state of one training run and its named steps; `run` below strings them together."""
+
+    def __init__(self, accelerator, model, optimizer, scheduler, loss_fn, args, out, eval_fn, before_step):
+        self.acc, self.model, self.optimizer, self.scheduler = accelerator, model, optimizer, scheduler
+        self.loss_fn, self.args, self.out, self.eval_fn, self.before_step = (
+            loss_fn,
+            args,
+            out,
+            eval_fn,
+            before_step,
+        )
+        self.pos = Position()
+        self.window = _Window()
+        self.last_log: dict = {}
+        self.last_eval: dict = {}
+
+    def log_event(self, event: dict) -> None:
+        if self.acc.is_main_process:
+            with (self.out / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps(event) + "\n")
+
+    def evaluate(self) -> None:
+        """eval_fn on the unwrapped model with whole parameters (sharded engines gather them), logged."""
+        if self.eval_fn is None:
+            return
+        unwrapped = self.acc.unwrap_model(self.model)
+        was_training = unwrapped.training
+        unwrapped.eval()
+        with torch.no_grad(), full_params(self.acc, self.model):
+            res = self.eval_fn(unwrapped)
+        unwrapped.train(was_training)
+        self.log_event({"event": "eval", "step": self.pos.step, **res})
+        self.last_eval = res
+
+    def micro_step(self, batch) -> bool:
+        """Forward + backward of one micro-batch (optimizer steps on the last of grad_accum); True if it stepped."""
+        args, acc = self.args, self.acc
+        with acc.accumulate(self.model):
+            loss, metrics = self.loss_fn(self.model, _to_device(batch, acc.device))
+            if not torch.isfinite(loss):
+                raise DraftsmithError(
+                    f"loss is {loss.item()} at step {self.pos.step}; lower train.lr or check the data"
+                )
+            acc.backward(loss)
+            synced = acc.sync_gradients
+            if synced and args.max_grad_norm > 0:
+                norm = acc.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+                if (
+                    norm is not None
+                ):  # DeepSpeed clips inside its step and reports the norm of the step before
+                    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
+                    self.window.add("grad_norm", args.grad_accum * float(norm))
+            self.optimizer.step()  # accelerate makes this a no-op until the last micro-batch of the step
+            self.optimizer.zero_grad(set_to_none=True)
+        self.window.add("loss", float(loss.detach()))
+        for k, v in metrics.items():
+            if k == "n_tokens":
+                self.window.n_tokens += float(v)
+            else:
+                self.window.add(k, float(v))
+        self.window.n_micro += 1
+        return synced
+
+    def end_step(self, i_last: int, bar) -> None:
+        """After an optimizer step: schedule, log, evaluate and checkpoint as the recipe asks."""
+        args, pos = self.args, self.pos
+        self.scheduler.step()
+        pos.step += 1
+        pos.batch_index = i_last + 1
+        bar.update(1)
+        if pos.step % max(args.log_every, 1) == 0 or pos.step == args.max_steps:
+            w = self.window
+            self.last_log = _log_train(
+                self.acc, w.sums, w.n_micro, w.n_tokens, w.t0, pos.step, pos.epoch, self.scheduler
+            )
+            self.log_event(self.last_log)
+            bar.set_postfix(loss=f"{self.last_log['loss']:.4f}", lr=f"{self.last_log['lr']:.2e}")
+            self.window = _Window()
+        if args.eval_every and pos.step % args.eval_every == 0 and pos.step < args.max_steps:
+            self.evaluate()
+            self.model.train()
+        if args.save_every and pos.step % args.save_every == 0:
+            state = {**vars(pos), "scheduler": _scheduler_state(self.scheduler)}
+            _save_checkpoint(self.acc, self.out, state, args.keep_checkpoints)
+
+    def train(self, batches, progress: bool) -> None:
+        """Optimizer steps until max_steps, epoch after epoch, this rank's share of each group of batches."""
+        from tqdm.auto import tqdm
+
+        args, pos, acc = self.args, self.pos, self.acc
+        world, rank = acc.num_processes, acc.process_index
+        self.model.train()
+        bar = tqdm(
+            total=args.max_steps,
+            initial=pos.step,
+            desc="train",
+            disable=not (progress and acc.is_main_process),
+        )
+        new_step = True
+        while pos.step < args.max_steps:
+            seen = False
+            for i_last, batch in _shard(_epoch_iter(batches, pos.epoch), world, rank, pos.batch_index):
+                seen = True
+                if new_step and self.before_step is not None:
+                    self.before_step(pos.step)
+                new_step = self.micro_step(batch)
+                if new_step:
+                    self.end_step(i_last, bar)
+                    if pos.step >= args.max_steps:
+                        break
+            else:
+                if not seen and pos.batch_index == 0:
+                    raise DraftsmithError(
+                        f"the training data produced no batch for process {rank} in epoch {pos.epoch}; "
+                        f"add data (each epoch needs >= {world} batches) or lower batch_size"
+                    )
+                pos.epoch, pos.batch_index = pos.epoch + 1, 0
+        bar.close()
+
+    def save_final(self, save_fn: Callable[[torch.nn.Module, Path], None] | None) -> None:
+        """final/ via save_fn on the main process, whole parameters gathered on every process first."""
+        acc = self.acc
+        acc.wait_for_everyone()
+        unshard_for_good(acc, self.model)
+        with full_params(acc, self.model):
+            if acc.is_main_process:
+                tmp = self.out / ".tmp-final"
+                shutil.rmtree(tmp, ignore_errors=True)
+                unwrapped = acc.unwrap_model(self.model)
+                with quiet_library_logs():
+                    (save_fn or (lambda m, d: m.save_pretrained(d)))(unwrapped, tmp)
+                replace_dir(tmp, self.out / "final")
+            acc.wait_for_everyone()
 
 
 def run(
@@ -309,175 +445,38 @@ def run(
     param_groups: AdamW groups (e.g. a higher LR for heads); default all trainable parameters.
     before_step(step) is called before the first micro-batch of each optimizer step (0-based, also right after
     a resume): e.g. to unfreeze a backbone after a warm-up (Medusa-2).
+    Nothing is written to out_dir until every check that can fail before training has passed.
     """
     from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
-    from transformers import get_scheduler
 
     if accelerator.gradient_accumulation_steps != args.grad_accum:
         raise DraftsmithError(
             f"accelerator has gradient_accumulation_steps={accelerator.gradient_accumulation_steps} but "
             f"train.grad_accum={args.grad_accum}; build it with draftsmith.trainer.make_accelerator(args)"
         )
+    check_distributed(accelerator)
     out = Path(out_dir)
-    if accelerator.is_main_process:
-        prepare_out_dir(out, run_config, resume, overwrite)
-    accelerator.wait_for_everyone()
+    check_out_dir(out, run_config, resume, overwrite)  # every process: reads only, so all refuse alike
     set_seed(args.seed)
-
     optimizer = _make_optimizer(model, param_groups, args)
-    # The scheduler is NOT passed to accelerator.prepare: a prepared scheduler steps num_processes times per call
-    # (it assumes a per-process step count); we step it once per optimizer step ourselves.
-    scheduler = get_scheduler(
-        {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[args.schedule],
-        optimizer,
-        num_warmup_steps=args.warmup_steps,
-        num_training_steps=args.max_steps,
-    )
+    scheduler = _make_scheduler(optimizer, args)
     model, optimizer = accelerator.prepare(model, optimizer)
-    # Not register_for_checkpointing: accelerate would pickle the scheduler and unpickle it with
-    # weights_only=False on resume. Its state is a few numbers; it travels in trainer_state.json instead.
-
-    step, epoch, batch_index = 0, 0, 0
+    loop = _Loop(accelerator, model, optimizer, scheduler, loss_fn, args, out, eval_fn, before_step)
     if resume:
-        ckpts = list_checkpoints(out)
-        if ckpts:
-            state = read_checkpoint_state(ckpts[-1])
-            try:
-                accelerator.load_state(str(ckpts[-1]))
-            except Exception as e:  # noqa: BLE001 - accelerate/safetensors raise many types
-                raise DraftsmithError(
-                    f"checkpoint {ckpts[-1]} could not be loaded ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
-                    "delete it to resume from the previous one, or check the model config matches"
-                ) from None
-            step, epoch, batch_index = int(state["step"]), int(state["epoch"]), int(state["batch_index"])
-            if "scheduler" in state:
-                sched = state["scheduler"]
-                scheduler.load_state_dict({"lr_lambdas": [None] * len(sched["base_lrs"]), **sched})
-            if accelerator.is_main_process:  # drop events logged after the checkpoint: they are redone
-                _truncate_metrics(out / "metrics.jsonl", step)
-            accelerator.print(f"resuming from {ckpts[-1]} (step {step}, epoch {epoch}, batch {batch_index})")
-        else:
-            accelerator.print(f"--resume: no checkpoint in {out}/checkpoints yet; starting at step 0")
-
-    metrics_path = out / "metrics.jsonl"
-
-    def log_event(event: dict) -> None:
-        if accelerator.is_main_process:
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(event) + "\n")
-
-    def do_eval() -> dict:
-        if eval_fn is None:
-            return {}
-        unwrapped = accelerator.unwrap_model(model)
-        was_training = unwrapped.training
-        unwrapped.eval()
-        with torch.no_grad():
-            res = eval_fn(unwrapped)
-        unwrapped.train(was_training)
-        log_event({"event": "eval", "step": step, **res})
-        return res
-
-    last_eval = do_eval() if (args.eval_before_training and step == 0) else {}
-    model.train()
-    world, rank = accelerator.num_processes, accelerator.process_index
-    bar = tqdm(
-        total=args.max_steps,
-        initial=step,
-        desc="train",
-        disable=not (progress and accelerator.is_main_process),
-    )
-    sums: dict[str, float] = {}
-    n_micro, n_tokens, t_window = 0, 0.0, time.perf_counter()
-    last_log: dict = {}
-    new_step = True
-    while step < args.max_steps:
-        seen_this_epoch = False
-        for i_last, batch in _shard(_epoch_iter(batches, epoch), world, rank, batch_index):
-            seen_this_epoch = True
-            if new_step and before_step is not None:
-                before_step(step)
-            new_step = False
-            batch = _to_device(batch, accelerator.device)
-            with accelerator.accumulate(model):
-                loss, metrics = loss_fn(model, batch)
-                if not torch.isfinite(loss):
-                    raise DraftsmithError(
-                        f"loss is {loss.item()} at step {step}; lower train.lr or check the data"
-                    )
-                accelerator.backward(loss)
-                synced = accelerator.sync_gradients
-                if synced and args.max_grad_norm > 0:
-                    sums["grad_norm"] = sums.get("grad_norm", 0.0) + args.grad_accum * float(
-                        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                    )
-                optimizer.step()  # accelerate makes this a no-op until the last micro-batch of the step
-                optimizer.zero_grad(set_to_none=True)
-            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-            for k, v in metrics.items():
-                if k == "n_tokens":
-                    n_tokens += float(v)
-                else:
-                    sums[k] = sums.get(k, 0.0) + float(v)
-            n_micro += 1
-            if not synced:
-                continue
-            new_step = True
-            scheduler.step()
-            step += 1
-            batch_index = i_last + 1
-            bar.update(1)
-            if step % max(args.log_every, 1) == 0 or step == args.max_steps:
-                last_log = _log_train(accelerator, sums, n_micro, n_tokens, t_window, step, epoch, scheduler)
-                log_event(last_log)
-                bar.set_postfix(loss=f"{last_log['loss']:.4f}", lr=f"{last_log['lr']:.2e}")
-                sums, n_micro, n_tokens, t_window = {}, 0, 0.0, time.perf_counter()
-            if args.eval_every and step % args.eval_every == 0 and step < args.max_steps:
-                last_eval = do_eval()
-                model.train()
-            if args.save_every and step % args.save_every == 0:
-                state = {
-                    "step": step,
-                    "epoch": epoch,
-                    "batch_index": batch_index,
-                    "scheduler": _scheduler_state(scheduler),
-                }
-                _save_checkpoint(accelerator, out, state, args.keep_checkpoints)
-            if step >= args.max_steps:
-                break
-        else:
-            if not seen_this_epoch and batch_index == 0:
-                raise DraftsmithError(
-                    f"the training data produced no batch for process {rank} in epoch {epoch}; "
-                    f"add data (each epoch needs >= {world} batches) or lower batch_size"
-                )
-            epoch, batch_index = epoch + 1, 0
-    bar.close()
-    last_eval = do_eval() if eval_fn is not None else last_eval
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        final, tmp = out / "final", out / ".tmp-final"
-        shutil.rmtree(tmp, ignore_errors=True)
-        unwrapped = accelerator.unwrap_model(model)
-        (save_fn or (lambda m, d: m.save_pretrained(d)))(unwrapped, tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    accelerator.wait_for_everyone()
-    return {"step": step, "train": last_log, "eval": last_eval}
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    if not path.is_file():
-        return
-    keep = [
-        line
-        for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line).get("step", 0) <= step
-    ]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
+        loop.pos = _restore(accelerator, out, scheduler)
+    lock = claim_out_dir(out, run_config, resume, overwrite) if accelerator.is_main_process else None
+    try:
+        if accelerator.is_main_process and resume:  # events logged after the checkpoint are redone
+            truncate_events(out / "metrics.jsonl", loop.pos.step)
+        if args.eval_before_training and loop.pos.step == 0:
+            loop.evaluate()
+        loop.train(batches, progress)
+        loop.evaluate()
+        loop.save_final(save_fn)
+    finally:
+        if lock is not None:
+            lock.close()
+    return {"step": loop.pos.step, "train": loop.last_log, "eval": loop.last_eval}
 
 
 def _log_train(

@@ -1,0 +1,78 @@
+"""The one entry-script helper behind train/*.py: arguments, logging, the accelerator, errors, exit status.
+
+    accelerate launch train/<script>.py --config RECIPE [key.sub=value ...] [--resume] [--overwrite] [-v]
+
+Flags and dotted overrides may come in any order. A bad recipe or bad input prints ONE `error: ...` line (from the
+first process only) and the script exits 2 before any process group is formed or file written. Under `accelerate
+launch` that status is the child's: accelerate then reports the failed child and itself exits 1 (one process:
+a CalledProcessError traceback unless `accelerate launch -q`; several: torchrun's ChildFailedError summary).
+Run `python train/<script>.py` (one process) to get the status 2 itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from draftsmith.config import load_config
+from draftsmith.errors import DraftsmithError
+
+
+def _parser(description: str, recipe_hint: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", help=f"recipe YAML ({recipe_hint}); omitted = defaults")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint in output_dir"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir first")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show accelerate/transformers logs")
+    parser.add_argument(
+        "overrides", nargs="*", help="dotted overrides, e.g. train.max_steps=10 train.lr=3e-4"
+    )
+    return parser
+
+
+def setup_logging(verbose: bool) -> None:
+    """draftsmith's INFO lines on the console; libraries' INFO/DEBUG (checkpoint chatter) only with -v."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s", force=True)
+    logging.getLogger("draftsmith").setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def _first_process() -> bool:
+    # set by accelerate/torchrun before the script starts: usable before any process group exists
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0
+
+
+def train_main(
+    argv: list[str] | None,
+    *,
+    description: str,
+    recipe_hint: str,
+    config_cls: type,
+    run_fn: Callable[..., dict],
+    summary: Callable[[Any, dict], str],
+) -> int:
+    """Parse, load the recipe (strictly), build the accelerator, run `run_fn(cfg, accelerator, resume=,
+    overwrite=, progress=)`, print `summary(cfg, result)` on the main process. Returns the exit status."""
+    from draftsmith.engines import make_accelerator
+
+    args = _parser(description, recipe_hint).parse_intermixed_args(argv)
+    setup_logging(args.verbose)
+    try:
+        cfg = load_config(config_cls, args.config, args.overrides)
+        accelerator = make_accelerator(cfg.train)
+        result = run_fn(
+            cfg, accelerator, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress
+        )
+    except DraftsmithError as e:
+        if _first_process():
+            print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    if accelerator.is_main_process:
+        print(summary(cfg, result))
+    return 0

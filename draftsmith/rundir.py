@@ -1,0 +1,175 @@
+"""A training run's folder: who may write it, its run.yaml, metrics.jsonl and checkpoint list.
+
+    out_dir/run.yaml         resolved config; a different config in the same folder is "another run"
+    out_dir/.lock            flock'ed by the live run's main process; holds "pid <n> on <host>"
+    out_dir/metrics.jsonl    one JSON per event; a torn last line (power loss) is dropped on resume
+    out_dir/checkpoints/step-0000010/   complete checkpoints (written under .tmp- names, then renamed)
+
+`check_out_dir` only reads, so recipes call it before they spend compute or write caches; `claim_out_dir`
+takes the lock and writes run.yaml once every check has passed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import write_text
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "trainer_state.json"
+LOCK_FILE = ".lock"
+# keys a resumed run may change without being "another run"
+RESUMABLE_CHANGES = {"max_steps", "log_every", "eval_every", "save_every", "keep_checkpoints"}
+
+
+def _strip_resumable(cfg: Any) -> Any:
+    if isinstance(cfg, dict):
+        return {k: _strip_resumable(v) for k, v in cfg.items() if k not in RESUMABLE_CHANGES}
+    return cfg
+
+
+def _first_diff(a: Any, b: Any, path: str = "") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if a.get(k) != b.get(k):
+                return _first_diff(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+    return f"{path or '<root>'} ({a!r} vs {b!r})"
+
+
+def _has_run(out: Path) -> bool:
+    return any((out / n).exists() for n in ("run.yaml", "checkpoints", "metrics.jsonl"))
+
+
+def lock_holder(out_dir: str | Path) -> str | None:
+    """ "pid N on HOST" when a live process holds `out_dir`'s lock, else None (a dead holder's lock is free)."""
+    f = Path(out_dir) / LOCK_FILE
+    if not f.is_file():
+        return None
+    with f.open("r") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return fh.read().strip() or "another process"
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return None
+
+
+def check_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, overwrite: bool) -> None:
+    """Refuse (DraftsmithError) unless `out_dir` is ours to write: free, the same run with --resume, or --overwrite.
+    Reads only."""
+    out = Path(out_dir)
+    holder = lock_holder(out)
+    if holder:
+        raise DraftsmithError(
+            f"{out} is in use by a live run ({holder}); wait for it to finish or stop it, or use another output_dir"
+        )
+    if out.exists() and not out.is_dir():
+        raise DraftsmithError(f"output_dir {out} is a file; choose a folder")
+    if not _has_run(out):
+        if resume:
+            raise DraftsmithError(f"--resume: {out} holds no run to resume; drop --resume to start one")
+        return
+    if overwrite:
+        return
+    run_yaml = out / "run.yaml"
+    old = yaml.safe_load(run_yaml.read_text()) if run_yaml.is_file() else None
+    if run_config is not None and old is not None and _strip_resumable(old) != _strip_resumable(run_config):
+        diff = _first_diff(_strip_resumable(old), _strip_resumable(run_config))
+        raise DraftsmithError(
+            f"{out} holds another run (run.yaml differs at {diff}); use a new output_dir or pass --overwrite"
+        )
+    if not resume:
+        raise DraftsmithError(
+            f"{out} already holds this run; pass --resume to continue it or --overwrite to restart"
+        )
+
+
+def claim_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, overwrite: bool) -> TextIO:
+    """Check `out_dir` again, lock it, clear it for --overwrite and write run.yaml. Main process only.
+    Returns the open lock file: the lock lasts until it is closed (or the process dies)."""
+    out = Path(out_dir)
+    check_out_dir(out, run_config, resume, overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    fh = (out / LOCK_FILE).open("a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # lost a race with another start
+        fh.seek(0)
+        holder = fh.read().strip() or "another process"
+        fh.close()
+        raise DraftsmithError(
+            f"{out} is in use by a live run ({holder}); wait for it or use another output_dir"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    fh.flush()
+    if overwrite and _has_run(out):
+        for name in ("checkpoints", "final"):
+            shutil.rmtree(out / name, ignore_errors=True)
+        for name in ("metrics.jsonl", "run.yaml"):
+            (out / name).unlink(missing_ok=True)
+    if run_config is not None:
+        write_text(out / "run.yaml", yaml.safe_dump(run_config, sort_keys=False))
+    return fh
+
+
+def read_events(path: str | Path) -> list[dict]:
+    """metrics.jsonl's events. A torn LAST line (the writer died mid-write) is skipped with a warning; a broken
+    line elsewhere is corruption (DraftsmithError)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    events = []
+    for i, line in enumerate(lines):
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                raise DraftsmithError(f"{path} line {i + 1} is not JSON; the log is corrupt") from None
+            log.warning("%s: dropped a torn last line (the run was killed while writing it)", path)
+    return events
+
+
+def truncate_events(path: str | Path, step: int) -> None:
+    """Keep the events logged at or before `step` (a resumed run redoes the later ones)."""
+    path = Path(path)
+    if path.is_file():
+        keep = [e for e in read_events(path) if e.get("step", 0) <= step]
+        write_text(path, "".join(json.dumps(e) + "\n" for e in keep))
+
+
+def list_checkpoints(out_dir: str | Path) -> list[Path]:
+    """Renamed (hence complete) checkpoints, oldest first. Tmp dirs are never listed."""
+    ckpt = Path(out_dir) / "checkpoints"
+    if not ckpt.is_dir():
+        return []
+    return sorted(
+        p for p in ckpt.iterdir() if p.is_dir() and p.name.startswith("step-") and p.name[5:].isdigit()
+    )
+
+
+def read_checkpoint_state(path: Path) -> dict:
+    """The trainer_state.json of a checkpoint; a missing/corrupt one is a DraftsmithError naming it."""
+    f = path / STATE_FILE
+    try:
+        state = json.loads(f.read_text())
+        int(state["step"]), int(state["epoch"]), int(state["batch_index"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DraftsmithError(
+            f"checkpoint {path} is corrupt or incomplete ({type(e).__name__} reading {STATE_FILE}); "
+            "delete it to resume from the previous one"
+        ) from None
+    return state
