@@ -21,7 +21,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from draftsmith.acceptance import tau_from_conditional
+from draftsmith.divergences import divergence
 from draftsmith.heads.eagle import EagleHead
+from draftsmith.modeling import base_decoder, output_head
 
 EagleLoss = Literal["soft_ce", "fkl", "rkl", "jsd", "tvd", "neg_log_accept", "lk"]
 
@@ -84,103 +86,142 @@ def ttt_unroll(
         yield i, out
 
 
-def eagle_loss(
+class _DepthAcceptance:
+    """Greedy acceptance per unroll depth i, conditional on depths < i accepted, at every column t (a draft chain
+    rooted at t uses steps 0..i at the same column): acc_i, top1_i (unconditional) and the simulated tau."""
+
+    def __init__(self, shape: tuple[int, int], device):
+        self.alive = torch.ones(shape, dtype=torch.bool, device=device)
+        self.accepts: list[float] = []
+        self.metrics: dict[str, float] = {}
+
+    @torch.no_grad()
+    def update(self, i: int, valid: torch.Tensor, draft_top: torch.Tensor, target_top: torch.Tensor) -> None:
+        ok = torch.zeros_like(self.alive)
+        ok[valid] = draft_top == target_top
+        prev = self.alive & valid
+        self.metrics[f"acc_{i}"] = float((ok & prev).sum()) / max(int(prev.sum()), 1)
+        self.metrics[f"top1_{i}"] = float(ok.sum()) / max(int(valid.sum()), 1)
+        self.accepts.append(self.metrics[f"acc_{i}"])
+        self.alive &= ok
+
+    def result(self, attention_mask: torch.Tensor) -> dict[str, float]:
+        return {**self.metrics, "tau_sim": tau_from_conditional(self.accepts), "n_tokens": float(attention_mask.sum())}
+
+
+def _tables(target):
+    """The frozen target's input embeddings and lm_head weight, both [V, H], in the target's dtype."""
+    return base_decoder(target).embed_tokens.weight, output_head(target).weight
+
+
+def eagle3_loss(
     head: EagleHead,
-    embed_weight: torch.Tensor,
-    lm_weight: torch.Tensor,
+    target,
     feats: dict[str, torch.Tensor],
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    loss_mask: torch.Tensor,
+    batch: dict[str, torch.Tensor],
+    cfg,
     *,
-    ttt_steps: int = 1,
-    decay: float = 0.8,
-    loss: EagleLoss = "soft_ce",
-    temperature: float = 1.0,
-    beta: float = 0.5,
-    feature_noise: float = 0.0,
-    ce_weight: float = 0.1,
+    ttt_steps: int | None = None,
     exact_acceptance: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Training loss of an EAGLE-1/3 head. embed_weight [V, H], lm_weight [V, H]: the frozen target's input
-    embeddings and lm_head; feats from draftsmith.heads.hidden ("last" [B, T, H], "aux" [B, T, 3H] for eagle3);
-    input_ids/attention_mask/loss_mask [B, T]. Returns (scalar loss, metrics incl. acc_i and tau_sim).
+    """EAGLE-3: sum_i decay^i * L_i over the training-time-test unroll, L_i = soft CE against the target's
+    distribution restricted to the draft vocabulary (or the draftsmith divergence `cfg.kind`).
+
+    target: the frozen target (embeddings, lm_head); feats: "last" [B, T, H] and "aux" [B, T, 3H]
+    (draftsmith.heads.hidden); batch: input_ids / attention_mask / loss_mask [B, T]; cfg: the recipe's loss
+    section (kind, ttt_steps, decay, temperature, beta); ttt_steps overrides cfg.ttt_steps (evals unroll deeper).
     exact_acceptance: compare with the target's argmax over the FULL vocabulary (one [H, V] matmul per token);
-    False compares within the draft vocabulary only (EAGLE-3; cheaper, slightly optimistic) -- for training logs."""
-    c = head.config
+    False compares within the draft vocabulary only (cheaper, slightly optimistic) -- for training logs.
+    Returns (scalar loss, metrics incl. loss_i, acc_i, top1_i and tau_sim)."""
+    input_ids, attention_mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
     b, t = input_ids.shape
-    dev = input_ids.device
     dtype = head.fc.weight.dtype  # fp32 master weights; under autocast the matmuls still run in bf16
+    embed_weight, lm_weight = _tables(target)
     last = feats["last"].to(dtype)
-    eagle3 = c.kind == "eagle3"
     vocab_ids = head.vocab_ids
     # gather before casting: a full [V, H] copy of a bf16 target's tables per batch costs ~5% of a CPU step
-    if eagle3:
-        w_d = lm_weight[vocab_ids].to(dtype)
-        lm_full = lm_weight.to(dtype) if (exact_acceptance or loss != "soft_ce") else None
-    else:
-        lm_full = w_d = lm_weight.to(dtype)
-    hidden = feats["aux"].to(dtype) if eagle3 else last
-    if (
-        feature_noise > 0 and head.training
-    ):  # EAGLE-1: uniform noise on the input features (robustness to drift)
-        hidden = hidden + (torch.rand_like(hidden) - 0.5) * feature_noise
-    total = last.new_zeros((), dtype=torch.float32)
-    metrics: dict[str, float] = {}
-    alive = torch.ones(b, t, dtype=torch.bool, device=dev)
-    accepts = []
+    w_d = lm_weight[vocab_ids].to(dtype)
+    lm_full = lm_weight.to(dtype) if (exact_acceptance or cfg.kind != "soft_ce") else None
     # the labels of every unroll step are the same target rows, shifted: compute them once per batch
     any_valid = shift_left(loss_mask, 1).bool()  # rows t whose distribution predicts a trained token
     with torch.no_grad():
-        tgt_top = torch.zeros(b, t, dtype=torch.long, device=dev)
-        full_vocab = exact_acceptance or not eagle3
-        rows_v = last[any_valid]
-        draft_vocab_logits = F.linear(rows_v, w_d) if eagle3 else None
-        if full_vocab:
-            tgt_top[any_valid] = F.linear(rows_v, lm_full).argmax(-1)
+        tgt_top = torch.zeros(b, t, dtype=torch.long, device=input_ids.device)
+        draft_vocab_logits = F.linear(last[any_valid], w_d)
+        if exact_acceptance:
+            tgt_top[any_valid] = F.linear(last[any_valid], lm_full).argmax(-1)
         else:  # one [N, V_d] product serves the argmax and the soft labels
             tgt_top[any_valid] = vocab_ids[draft_vocab_logits.argmax(-1)]
-        if eagle3 and loss == "soft_ce":
-            tgt_probs = torch.zeros(b, t, w_d.shape[0], dtype=torch.float32, device=dev)
+        if cfg.kind == "soft_ce":  # p restricted to V_d, renormalised
+            tgt_probs = torch.zeros(b, t, w_d.shape[0], dtype=torch.float32, device=input_ids.device)
             tgt_probs[any_valid] = torch.softmax(draft_vocab_logits.float(), -1)
-    for i, out in ttt_unroll(head, embed_weight, hidden, input_ids, attention_mask, ttt_steps):
+    total = last.new_zeros((), dtype=torch.float32)
+    acceptance = _DepthAcceptance((b, t), input_ids.device)
+    steps = ttt_steps or cfg.ttt_steps
+    for i, out in ttt_unroll(head, embed_weight, feats["aux"].to(dtype), input_ids, attention_mask, steps):
+        valid = shift_left(loss_mask, 2 + i).bool()
+        if not valid.any():
+            break
+        draft_logits = head.logits(out[valid])  # [n, V_d]
+        if cfg.kind == "soft_ce":
+            p = shift_left(tgt_probs, 1 + i)[valid]
+            li = -(p * torch.log_softmax(draft_logits.float(), -1)).sum(-1).mean()
+        else:
+            with torch.no_grad():
+                full = F.linear(shift_left(last, 1 + i)[valid], lm_full).float()
+            li = divergence(
+                cfg.kind, full, draft_logits, temperature=cfg.temperature, beta=cfg.beta, vocab_ids=vocab_ids
+            )
+        total = total + cfg.decay**i * li
+        acceptance.metrics[f"loss_{i}"] = float(li.detach())
+        acceptance.update(i, valid, vocab_ids[draft_logits.argmax(-1)], shift_left(tgt_top, 1 + i)[valid])
+    return total, acceptance.result(attention_mask)
+
+
+def eagle1_loss(
+    head: EagleHead,
+    target,
+    feats: dict[str, torch.Tensor],
+    batch: dict[str, torch.Tensor],
+    cfg,
+    *,
+    ttt_steps: int | None = None,
+    exact_acceptance: bool = True,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """EAGLE-1: L_i = SmoothL1(out, f_{t+1+i}) + cfg.ce_weight * soft CE(p, q), q through the frozen target
+    lm_head; uniform noise of width cfg.feature_noise on the input features while training. Same arguments and
+    metrics as eagle3_loss (feats: "last" only); acceptance is always exact (the head predicts over the full
+    vocabulary), so `exact_acceptance` changes nothing."""
+    input_ids, attention_mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+    b, t = input_ids.shape
+    dtype = head.fc.weight.dtype
+    embed_weight, lm_weight = _tables(target)
+    lm_full = lm_weight.to(dtype)
+    last = feats["last"].to(dtype)
+    hidden = last
+    if cfg.feature_noise > 0 and head.training:  # robustness to the drift of its own features at decode time
+        hidden = hidden + (torch.rand_like(hidden) - 0.5) * cfg.feature_noise
+    any_valid = shift_left(loss_mask, 1).bool()
+    with torch.no_grad():
+        tgt_top = torch.zeros(b, t, dtype=torch.long, device=input_ids.device)
+        tgt_top[any_valid] = F.linear(last[any_valid], lm_full).argmax(-1)
+    total = last.new_zeros((), dtype=torch.float32)
+    acceptance = _DepthAcceptance((b, t), input_ids.device)
+    for i, out in ttt_unroll(head, embed_weight, hidden, input_ids, attention_mask, ttt_steps or cfg.ttt_steps):
         valid = shift_left(loss_mask, 2 + i).bool()
         n = int(valid.sum())
         if n == 0:
             break
-        tgt_rows = shift_left(last, 1 + i)[valid]  # [n, H] target states whose logits are the labels
-        rows = out[valid]
-        if eagle3:
-            draft_logits = head.logits(rows)  # [n, V_d]
-            if loss == "soft_ce":
-                p = shift_left(tgt_probs, 1 + i)[valid]  # p restricted to V_d, renormalised
-                li = -(p * torch.log_softmax(draft_logits.float(), -1)).sum(-1).mean()
-            else:
-                from draftsmith.divergences import divergence
+        tgt_rows, rows = shift_left(last, 1 + i)[valid], out[valid]
+        reg = F.smooth_l1_loss(rows.float(), tgt_rows.float(), reduction="none").mean(-1).mean()
+        li = reg + cfg.ce_weight * soft_ce_through_head(rows, tgt_rows, lm_full) / n
+        total = total + cfg.decay**i * li
+        acceptance.metrics[f"reg_{i}"] = float(reg.detach())
+        acceptance.metrics[f"loss_{i}"] = float(li.detach())
+        with torch.no_grad():
+            draft_top = F.linear(rows, lm_full).argmax(-1)
+        acceptance.update(i, valid, draft_top, shift_left(tgt_top, 1 + i)[valid])
+    return total, acceptance.result(attention_mask)
 
-                with torch.no_grad():
-                    full = F.linear(tgt_rows, lm_full).float()
-                li = divergence(
-                    loss, full, draft_logits, temperature=temperature, beta=beta, vocab_ids=vocab_ids
-                )
-        else:
-            reg = F.smooth_l1_loss(rows.float(), tgt_rows.float(), reduction="none").mean(-1).mean()
-            ce = soft_ce_through_head(rows, tgt_rows, lm_full) / n
-            li = reg + ce_weight * ce
-            metrics[f"reg_{i}"] = float(reg.detach())
-        total = total + decay**i * li
-        metrics[f"loss_{i}"] = float(li.detach())
-        with torch.no_grad():  # greedy acceptance at depth i, conditional on depths < i accepted
-            d_top = (draft_logits if eagle3 else F.linear(rows, lm_full)).argmax(-1)
-            if eagle3:
-                d_top = vocab_ids[d_top]
-            ok = torch.zeros(b, t, dtype=torch.bool, device=dev)
-            ok[valid] = d_top == shift_left(tgt_top, 1 + i)[valid]
-            prev = alive & valid
-            metrics[f"acc_{i}"] = float((ok & prev).sum()) / max(int(prev.sum()), 1)
-            metrics[f"top1_{i}"] = float(ok.sum()) / n
-            accepts.append(metrics[f"acc_{i}"])
-            alive = alive & ok  # a chain rooted at column t uses steps 0..i at the same column t
-    metrics["tau_sim"] = tau_from_conditional(accepts)
-    metrics["n_tokens"] = float(attention_mask.sum())
-    return total, metrics
+
+EAGLE_LOSSES = {"eagle": eagle1_loss, "eagle3": eagle3_loss}
+"""Head kind -> its training loss (same signature)."""

@@ -13,7 +13,7 @@ from torch import nn
 
 from draftsmith.acceptance import tau_from_conditional, tau_tree
 from draftsmith.heads.hidden import HiddenStates
-from draftsmith.heads.losses import eagle_loss
+from draftsmith.heads.losses import EAGLE_LOSSES
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.trees import chain_tree, medusa_tree
 from draftsmith.modeling import base_decoder, output_head
@@ -66,24 +66,12 @@ class HeadTrainer(nn.Module):
                 target_head=output_head(self.frozen_target).weight if soft else None,
             )
         else:
-            t = self.frozen_target
-            feats = self.hidden(batch)
-            c = self.loss_cfg
-            loss, m = eagle_loss(
+            loss, m = EAGLE_LOSSES[self.head.config.kind](
                 self.head,
-                base_decoder(t).embed_tokens.weight,
-                output_head(t).weight,
-                feats,
-                ids,
-                am,
-                lm,
-                ttt_steps=c.ttt_steps,
-                decay=c.decay,
-                loss=c.kind,
-                temperature=c.temperature,
-                beta=c.beta,
-                feature_noise=c.feature_noise,
-                ce_weight=c.ce_weight,
+                self.frozen_target,
+                self.hidden(batch),
+                batch,
+                self.loss_cfg,
                 exact_acceptance=False,  # training logs: within-draft-vocab agreement; the eval is exact
             )
         m["n_tokens"] = float(lm.sum())
@@ -180,21 +168,7 @@ def evaluate_heads(
     for batch in batches:
         batch = {n: v.to(dev) for n, v in batch.items()}
         feats = hidden(batch)
-        _, m = eagle_loss(
-            head,
-            base_decoder(t).embed_tokens.weight,
-            output_head(t).weight,
-            feats,
-            batch["input_ids"],
-            batch["attention_mask"],
-            batch["loss_mask"],
-            ttt_steps=eval_depth,
-            decay=c.decay,
-            loss=c.kind,
-            temperature=c.temperature,
-            beta=c.beta,
-            ce_weight=c.ce_weight,
-        )
+        _, m = EAGLE_LOSSES[head.config.kind](head, t, feats, batch, c, ttt_steps=eval_depth)
         w = float(batch["loss_mask"].sum())
         for key, v in m.items():
             if key.startswith(("acc_", "top1_", "loss_")):

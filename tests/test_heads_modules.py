@@ -9,7 +9,8 @@ from draftsmith.acceptance import tau_tree as expected_tau
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads import EagleHead, MedusaHeads, load_head, save_head
 from draftsmith.heads.hidden import target_features
-from draftsmith.heads.losses import eagle_loss, ttt_unroll
+from draftsmith.heads.losses import eagle1_loss, eagle3_loss, ttt_unroll
+from draftsmith.heads.recipe import LossSection
 from draftsmith.heads.proposers import EagleProposer
 from draftsmith.heads.trees import medusa_tree, tree_parents
 from draftsmith.testing import tiny_llama
@@ -207,33 +208,45 @@ def test_eagle_loss_backward_and_acceptance_metrics(tiny_target):
     lm = am.clone()
     lm[:, :3] = 0
     feats = target_features(tiny_target, ids, am, AUX)
-    loss, m = eagle_loss(
-        head.train(),
-        tiny_target.model.embed_tokens.weight,
-        tiny_target.lm_head.weight,
-        feats,
-        ids,
-        am,
-        lm,
-        ttt_steps=3,
-    )
+    batch = {"input_ids": ids, "attention_mask": am, "loss_mask": lm}
+    loss, m = eagle3_loss(head.train(), tiny_target, feats, batch, LossSection(ttt_steps=3))
     loss.backward()
     assert head.fc.weight.grad is not None and head.fc.weight.grad.abs().sum() > 0
     assert {"acc_0", "acc_2", "tau_sim", "loss_1"} <= set(m)
     assert 1.0 <= m["tau_sim"] <= 4.0
     # a "draft" that copies the target exactly has acceptance 1 at depth 0
-    loss2, m2 = eagle_loss(
-        head,
-        tiny_target.model.embed_tokens.weight,
-        tiny_target.lm_head.weight,
-        feats,
-        ids,
-        am,
-        lm,
-        ttt_steps=1,
-        loss="tvd",
-    )
+    loss2, m2 = eagle3_loss(head, tiny_target, feats, batch, LossSection(ttt_steps=1, kind="tvd"))
     assert torch.isfinite(loss2)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_eagle_losses_depth0_acceptance_matches_an_independent_count(tiny_target, kind):
+    import torch.nn.functional as F
+
+    from draftsmith.heads.losses import EAGLE_LOSSES, shift_left
+
+    torch.manual_seed(1)
+    head = _randomize(_eagle3(tiny_target) if kind == "eagle3" else EagleHead.from_target(tiny_target, "eagle"))
+    ids = torch.randint(3, 300, (2, 12))
+    am, lm = torch.ones_like(ids), torch.ones_like(ids)
+    lm[:, :2] = 0
+    feats = target_features(tiny_target, ids, am, AUX if kind == "eagle3" else None)
+    batch = {"input_ids": ids, "attention_mask": am, "loss_mask": lm}
+    loss, m = EAGLE_LOSSES[kind](head.eval(), tiny_target, feats, batch, LossSection(ttt_steps=2))
+    assert torch.isfinite(loss) and loss > 0 and m["tau_sim"] >= 1.0
+    # independently: the head's step-0 output at column t drafts x_{t+2}; the target's argmax at t+1 is the label
+    with torch.no_grad():
+        hidden = feats["aux"] if kind == "eagle3" else feats["last"]
+        _, out = next(iter(ttt_unroll(head, tiny_target.model.embed_tokens.weight, hidden, ids, am, 1)))
+        if kind == "eagle3":
+            draft_top = head.vocab_ids[head.logits(out).argmax(-1)]
+        else:
+            draft_top = F.linear(out, tiny_target.lm_head.weight).argmax(-1)
+        target_top = shift_left(F.linear(feats["last"], tiny_target.lm_head.weight).argmax(-1, keepdim=True), 1)
+        valid = shift_left(lm, 2).bool()
+        expect = float((draft_top[valid] == target_top[..., 0][valid]).float().mean())
+    assert m["acc_0"] == pytest.approx(expect)
+    assert m["top1_0"] == pytest.approx(expect)
 
 
 def test_medusa_tree_from_accuracies():
