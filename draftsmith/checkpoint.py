@@ -17,7 +17,7 @@ from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 
-HEAD_KINDS = ("medusa", "eagle", "eagle3", "earlyexit")
+HEAD_KINDS = ("medusa", "eagle", "eagle3", "earlyexit", "dflash", "peagle")
 SELF_DRAFTERS = ("layerskip",)  # no weights of their own: config.json names the target layers they run
 EXPORT_MANIFEST = "draftsmith_export.json"
 DRAFT_META = "draftsmith_draft.json"
@@ -219,7 +219,7 @@ def expected_head_tensors(
             req[f"lm_heads.{i}.weight"] = (v, h)
         return req, {}
     d = head_dims(cfg, where)
-    if kind == "eagle3":
+    if kind in ("eagle3", "peagle"):  # P-EAGLE = EAGLE-3 + the learned placeholder features mask_hidden
         ht = cfg.get("target_hidden_size") or (
             target_field(cfg, "hidden_size", where) if cfg.get("target") else d["H"]
         )
@@ -228,7 +228,22 @@ def expected_head_tensors(
         req.update(_llama_layer(layer_prefix or "midlayer.", d, 2, input_norm=True))
         req[f"{layer_prefix or 'midlayer.'}hidden_norm.weight"] = (d["H"],)
         req.update({"norm.weight": (d["H"],), "lm_head.weight": (vd, d["H"]), "d2t": (vd,), "t2d": (d["V"],)})
+        if kind == "peagle":
+            req["mask_hidden"] = (1, 1, 3 * ht)
         return req, {"embed_tokens.weight": (d["V"], d["H"])}
+    if kind == "dflash":  # Qwen3-style layers (q/k norms) over [context K/V; block]; fc over n fused target layers
+        ht = cfg.get("target_hidden_size") or d["H"]
+        n_aux = len(cfg.get("aux_hidden_state_layer_ids") or [])
+        vd, n_layers = _int(cfg, "draft_vocab_size", where), _int(cfg, "num_hidden_layers", where)
+        _int(cfg, "block_size", where, minimum=2)
+        if n_aux < 1:
+            raise DraftsmithError(f"{where}: config lists no aux_hidden_state_layer_ids; re-save the drafter")
+        req = {"fc.weight": (d["H"], n_aux * ht), "hidden_norm.weight": (d["H"],), "norm.weight": (d["H"],)}
+        for i in range(n_layers):
+            req.update(_llama_layer(f"layers.{i}.", d, 1, input_norm=True))
+            req[f"layers.{i}.self_attn.q_norm.weight"] = req[f"layers.{i}.self_attn.k_norm.weight"] = (d["hd"],)
+        req.update({"lm_head.weight": (vd, d["H"]), "d2t": (vd,), "t2d": (d["V"],)})
+        return req, {}
     if kind == "earlyexit":  # one Llama layer over the exit layer's states + final norm; head rows = target's
         req = _llama_layer(layer_prefix or "", d, 1, input_norm=True)
         req.update({"norm.weight": (d["H"],), "vocab_ids": (_int(cfg, "draft_vocab_size", where),)})
@@ -275,7 +290,7 @@ def validate_head(ckpt: Checkpoint) -> None:
     where = f"{ckpt.kind} checkpoint {ckpt.path}"
     req, opt = expected_head_tensors(ckpt.kind, ckpt.config, where)
     check_tensor_set(ckpt.tensors, req, opt, where)
-    if ckpt.kind == "eagle3":
+    if ckpt.kind in ("eagle3", "dflash", "peagle"):
         for name, dtype in (("d2t", "I64"), ("t2d", "BOOL")):
             if ckpt.tensors[name].dtype != dtype:
                 raise DraftsmithError(

@@ -25,7 +25,7 @@ from draftsmith.modeling import base_decoder
 
 log = logging.getLogger(__name__)
 
-HEAD_TYPES = ("medusa", "eagle", "eagle3", "earlyexit")
+HEAD_TYPES = ("medusa", "eagle", "eagle3", "earlyexit", "dflash", "peagle")
 
 
 

@@ -51,6 +51,14 @@ def load_head(
         from draftsmith.heads.earlyexit import EarlyExitAdapter, EarlyExitConfig
 
         head = EarlyExitAdapter(config_from_dict(EarlyExitConfig, config, "earlyexit config"), config.get("target"))
+    elif kind == "dflash":
+        from draftsmith.heads.dflash import DFlashDrafter, dflash_config_from_dict
+
+        head = DFlashDrafter(dflash_config_from_dict(config), config.get("target"))
+    elif kind == "peagle":
+        from draftsmith.heads.peagle import peagle_from_config_dict
+
+        head = peagle_from_config_dict(config)
     else:
         head = EagleHead(eagle_config_from_dict(config), config.get("target"))
     load_state_strict(head, state, f"head {path}")

@@ -39,7 +39,7 @@ class ModelSection:
 
 @dataclass
 class HeadSection:
-    kind: Literal["medusa", "medusa2", "eagle", "eagle3", "earlyexit"] = "eagle3"
+    kind: Literal["medusa", "medusa2", "eagle", "eagle3", "earlyexit", "dflash", "peagle"] = "eagle3"
     """medusa (Medusa-1, frozen target), medusa2 (LoRA target + heads), eagle (EAGLE-1), eagle3."""
     num_heads: int = 4
     """Medusa: heads (head k predicts token t+2+k)."""
@@ -52,6 +52,15 @@ class HeadSection:
     norm_before_residual: bool = False
     """EAGLE-3: take the residual after hidden_norm."""
     intermediate_size: int | None = None
+    block_size: int = 8
+    """dflash: rows per drafter forward (the anchor + block_size-1 masks -> block_size-1 draft tokens)."""
+    draft_layers: int = 1
+    """dflash: transformer layers of the block drafter."""
+    mask_token_id: int | None = None
+    """dflash / peagle: token id embedded at masked / placeholder positions; null = the least frequent training token.
+    dflash with draft_vocab_size 0: the target's frozen full head (the SGLang / z-lab layout)."""
+    num_depths: int = 4
+    """peagle: draft tokens per forward (1 real row + num_depths-1 placeholders)."""
     exit_layer: int = 2
     """earlyexit: the draft shares the target's layers 0..L-1 and its adapter reads hidden_states[L] (an EAGLE-3
     cache holds aux layers 2, N//2, N-3: pick one of them to train from it)."""
@@ -76,6 +85,13 @@ class LossSection:
     """EAGLE-1: weight of the token CE next to the feature regression (weight 1)."""
     max_rows: int = 0
     """Medusa: positions sampled per head per micro-batch (0 = all); the vocab projections dominate the cost."""
+    anchors: int = 16
+    """dflash: random blocks per conversation per step."""
+    gamma: float = 4.0
+    """dflash: weight exp(-(j-1)/gamma) of block position j (position j counts only if positions < j are accepted)."""
+    cod_ratio: float = 0.7
+    """peagle: COD sampling, depth d keeps max(cod_ratio^d, cod_min) of the columns kept at depth d-1."""
+    cod_min: float = 0.2
     medusa_labels: Literal["tokens", "target"] = "tokens"
     """Medusa-1: tokens = the data's next tokens (as published); target = self-distillation, the frozen target's
     distribution at t+1+k (what greedy verification checks; needed to learn from fixed, human-written text)."""
@@ -157,6 +173,11 @@ def build_head(cfg: HeadsConfig, target, train_examples: list[dict]) -> torch.nn
         for i in (target.config.eos_token_id, target.config.bos_token_id, target.config.pad_token_id)
         if isinstance(i, int)
     }
+    if h.kind in ("dflash", "peagle"):
+        from draftsmith.heads.block_recipe import build_block_head
+
+        size = min(h.draft_vocab_size, v) or v  # dflash 0: the target's frozen full head
+        return build_block_head(h, target, counts, build_vocab_ids(counts, size, always=sorted(special)), special)
     vocab_ids = build_vocab_ids(counts, min(h.draft_vocab_size, v), always=sorted(special))
     if h.kind == "earlyexit":  # the target's own head rows over the same reduced vocabulary as EAGLE-3's
         from draftsmith.heads.earlyexit import EarlyExitAdapter
@@ -201,6 +222,8 @@ def run_heads(
     )
     head = build_head(cfg, target, train_ex).to(accelerator.device)
     kind = cfg.head.kind if cfg.head.kind in ("eagle3", "eagle", "earlyexit") else "medusa"
+    if cfg.head.kind in ("dflash", "peagle"):  # EAGLE-3's features: the same (shareable) eagle3 cache
+        kind = "eagle3"
     aux = list(head.config.aux_hidden_state_layer_ids) if kind == "eagle3" else []
     if kind == "earlyexit":
         aux = [head.config.exit_layer]

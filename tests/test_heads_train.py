@@ -18,7 +18,7 @@ RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("recipes").glob("h
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
 def test_every_heads_recipe_loads(path):
     cfg = load_config(HeadsConfig, path)
-    assert cfg.head.kind in ("medusa", "medusa2", "eagle", "eagle3")
+    assert cfg.head.kind in ("medusa", "medusa2", "eagle", "eagle3", "dflash", "peagle")
     assert (
         path.read_text().startswith("#")
         and "train/heads.py" in path.read_text().split("\n", 3)[1] + path.read_text()

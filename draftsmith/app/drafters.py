@@ -9,6 +9,7 @@ from __future__ import annotations
 from draftsmith.decode.drafters import Builder, DrafterContext, build_draft, build_ngram
 from draftsmith.decode.proposer import Proposer
 from draftsmith.errors import DraftsmithError
+from draftsmith.heads.block_proposers import build_dflash, build_peagle
 from draftsmith.heads.proposers import build_eagle, build_medusa
 from draftsmith.heads.selfdraft import build_earlyexit, build_layerskip
 
@@ -20,8 +21,10 @@ DRAFTERS: dict[str, Builder] = {
     "eagle3": build_eagle,
     "layerskip": build_layerskip,
     "earlyexit": build_earlyexit,
+    "dflash": build_dflash,
+    "peagle": build_peagle,
 }
-NEEDS_PATH = {"draft", "medusa", "eagle", "eagle3", "layerskip", "earlyexit"}
+NEEDS_PATH = {"draft", "medusa", "eagle", "eagle3", "layerskip", "earlyexit", "dflash", "peagle"}
 """Kinds whose argument starts with a model folder or Hub id (checked before anything loads)."""
 
 

@@ -26,9 +26,12 @@ from draftsmith.fileio import replace_dir
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("hf", "sglang-eagle3", "speculators", "vllm-medusa")
+FORMATS = ("hf", "sglang-eagle3", "speculators", "vllm-medusa", "sglang-dflash", "speculators-dflash", "speculators-peagle")
 KINDS = {
-    "hf": ("draft",),
+    "hf": ("draft", "dflash", "peagle"),
+    "sglang-dflash": ("dflash",),
+    "speculators-dflash": ("dflash",),
+    "speculators-peagle": ("peagle",),
     "sglang-eagle3": ("eagle3",),
     "speculators": ("eagle3",),
     "vllm-medusa": ("medusa",),
@@ -48,10 +51,13 @@ def _write_head(build: Callable[[Checkpoint], tuple[dict, dict]]) -> Callable[[C
 
 
 def _writers(speculative_tokens: int) -> dict[str, Callable[[Checkpoint, Path], dict]]:
-    from draftsmith.app.exporters import eagle3, hf, medusa
+    from draftsmith.app.exporters import block, eagle3, hf, medusa
 
     return {
-        "hf": hf.export_hf,
+        "hf": lambda c, out: (_write_head(block.native) if c.kind in block.KINDS else hf.export_hf)(c, out),
+        "sglang-dflash": _write_head(block.sglang_dflash),
+        "speculators-dflash": _write_head(block.speculators_dflash),
+        "speculators-peagle": _write_head(block.speculators_peagle),
         "sglang-eagle3": _write_head(eagle3.sglang_eagle3),
         "speculators": _write_head(lambda c: eagle3.speculators_eagle3(c, speculative_tokens)),
         "vllm-medusa": _write_head(medusa.vllm_medusa),
@@ -81,7 +87,8 @@ def export(
         raise DraftsmithError(f"{out} already exists and is not empty; choose another --out or pass --force")
     ckpt = read_checkpoint(checkpoint)
     if ckpt.kind not in KINDS[fmt]:
-        hint = {"draft": "hf", "medusa": "vllm-medusa", "eagle3": "sglang-eagle3 or speculators"}.get(
+        hint = {"draft": "hf", "medusa": "vllm-medusa", "eagle3": "sglang-eagle3 or speculators",
+                "dflash": "sglang-dflash or speculators-dflash", "peagle": "speculators-peagle"}.get(
             ckpt.kind
         )
         raise DraftsmithError(

@@ -1,0 +1,201 @@
+"""Block-parallel drafters -> the folders engines load: DFlash (SGLang / z-lab, vLLM speculators) and P-EAGLE
+(vLLM speculators).
+
+Facts from the engines' loaders (sglang srt/models/dflash.py + speculative/dflash_utils.py, z-lab dflash model.py,
+vllm qwen3_dflash.py, speculators models/dflash + models/peagle, Nov 2026):
+- SGLang / z-lab `DFlashDraftModel`: Qwen3 decoder layers (q_norm/k_norm) + fc + hidden_norm + norm, NO lm_head and
+  NO embed_tokens: logits come from the TARGET's lm_head over its full vocabulary. Config: Qwen3 fields
+  (num_hidden_layers = draft layers), block_size, num_target_layers, dflash_config {target_layer_ids, mask_token_id,
+  block_size}. target_layer_ids are layer OUTPUTS (z-lab extract_context_feature reads hidden_states[id + 1];
+  SGLang checks 0 <= id < num_target_layers): draftsmith's layer-input id i is written as i - 1.
+  fc takes len(ids) * hidden_size inputs: the draft's hidden size must equal the target's.
+- speculators `DFlashSpeculator`: the same layers plus lm_head over a reduced draft vocabulary with d2t / t2d
+  (embed_tokens excluded), transformer_layer_config (qwen3), draft_vocab_size, block_size, mask_token_id,
+  aux_hidden_state_layer_ids. The ids are written in vLLM's layer-input convention, draftsmith's own (as for
+  EAGLE-3, where vLLM's capture loop was checked; the DFlash path was not run here).
+- speculators `PEagleSpeculator`: the EAGLE-3 speculators folder + speculators_model_type "peagle", mask_token_id and
+  the learned `mask_hidden` [1, 1, 3 H_t].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.app.exporters.eagle3 import DTYPES, check_vocab_map, speculators_eagle3
+from draftsmith.checkpoint import (
+    Checkpoint,
+    TensorInfo,
+    check_tensor_set,
+    expected_head_tensors,
+    target_field,
+)
+from draftsmith.checkpoint import target_hub_id
+from draftsmith.errors import DraftsmithError
+
+KINDS = ("dflash", "peagle")
+QWEN3_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "hidden_act",
+    "max_position_embeddings",
+    "vocab_size",
+    "num_hidden_layers",
+)
+
+
+def _dflash_common(ckpt: Checkpoint) -> tuple[dict, list[int], dict[str, torch.Tensor]]:
+    where = f"dflash checkpoint {ckpt.path}"
+    if ckpt.kind != "dflash":
+        raise DraftsmithError(f"{ckpt.path} is a {ckpt.kind} checkpoint, not a DFlash drafter")
+    cfg = ckpt.config
+    n = target_field(cfg, "num_hidden_layers", where)
+    ids = cfg.get("aux_hidden_state_layer_ids")
+    if cfg.get("aux_layer_convention") != "layer_input":
+        raise DraftsmithError(
+            f"{where}: aux_layer_convention must be 'layer_input'; re-save the drafter with draftsmith"
+        )
+    if not isinstance(ids, list) or not ids or ids != sorted(set(ids)) or ids[0] < 1 or ids[-1] > n - 1:
+        raise DraftsmithError(
+            f"{where}: aux_hidden_state_layer_ids {ids} must be increasing and within [1, {n - 1}] (engines capture "
+            "the outputs of target layers 0..N-2); retrain with other layers"
+        )
+    tensors = ckpt.load()
+    check_vocab_map(tensors["d2t"], tensors["t2d"], where)
+    layer = {k: cfg[k] for k in QWEN3_KEYS if cfg.get(k) is not None}
+    layer.update(
+        model_type="qwen3",
+        rope_theta=cfg["rope_theta"],
+        rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_theta"]},
+        attention_bias=False,
+        tie_word_embeddings=False,
+    )
+    return layer, ids, tensors
+
+
+def _check(tensors: dict[str, torch.Tensor], spec: dict, kind: str, where: str, drop=()) -> None:
+    req, opt = expected_head_tensors(kind, spec, where)
+    for k in drop:
+        req.pop(k, None)
+    check_tensor_set({k: TensorInfo(tuple(v.shape), "") for k, v in tensors.items()}, req, opt, where)
+
+
+def sglang_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json, tensors) for SGLang `--speculative-algorithm DFLASH --speculative-draft-model-path DIR`."""
+    layer, ids, tensors = _dflash_common(ckpt)
+    cfg = ckpt.config
+    if not cfg.get("frozen_lm_head") or cfg["draft_vocab_size"] != cfg["vocab_size"]:
+        raise DraftsmithError(
+            f"{ckpt.path}: SGLang's DFlash folder has no lm_head (it uses the target's full-vocabulary head) but this "
+            f"drafter trained its own {cfg['draft_vocab_size']}-row head; export --format speculators-dflash, or "
+            "train with head.draft_vocab_size: 0 (the target's frozen head)"
+        )
+    if cfg["hidden_size"] != cfg["target_hidden_size"]:
+        raise DraftsmithError(
+            f"{ckpt.path}: SGLang sizes DFlash's fc as n_features * hidden_size, so the draft hidden size "
+            f"{cfg['hidden_size']} must equal the target's {cfg['target_hidden_size']}; use speculators-dflash"
+        )
+    block = int(cfg["block_size"])
+    out = {k: v.contiguous() for k, v in tensors.items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        **layer,
+        "block_size": block,
+        "num_target_layers": target_field(cfg, "num_hidden_layers", str(ckpt.path)),
+        "dflash_config": {
+            "target_layer_ids": [i - 1 for i in ids],  # layer inputs -> layer outputs (module docstring)
+            "mask_token_id": int(cfg["mask_token_id"]),
+            "block_size": block,
+        },
+        "torch_dtype": DTYPES.get(tensors["fc.weight"].dtype, "float32"),
+    }
+    _check(out, cfg, "dflash", f"sglang-dflash export of {ckpt.path}", drop=("lm_head.weight", "d2t", "t2d"))
+    return config, out
+
+
+def _verifier(ckpt: Checkpoint) -> dict:
+    target = ckpt.config.get("target") or {}
+    name = target_hub_id(target) or target.get("name_or_path")
+    if not name:
+        raise DraftsmithError(
+            f"{ckpt.path}: the config names no target (target.hub_id / name_or_path); re-save it"
+        )
+    return {"name_or_path": name, "architectures": list(target.get("architectures") or [])}
+
+
+def speculators_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json, tensors) in vLLM's speculators DFlash layout (reduced vocabulary kept, d2t / t2d)."""
+    layer, ids, tensors = _dflash_common(ckpt)
+    cfg = ckpt.config
+    block = int(cfg["block_size"])
+    config = {
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": "dflash",
+        "speculators_config": {
+            "algorithm": "dflash",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": block - 1,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
+            "default_proposal_method": "greedy",
+            "verifier": _verifier(ckpt),
+        },
+        "transformer_layer_config": {**layer, "architectures": ["Qwen3ForCausalLM"]},
+        "draft_vocab_size": int(tensors["d2t"].numel()),
+        "block_size": block,
+        "target_hidden_size": int(cfg["target_hidden_size"]),
+        "aux_hidden_state_layer_ids": ids,
+        "mask_token_id": int(cfg["mask_token_id"]),
+        "torch_dtype": DTYPES.get(tensors["fc.weight"].dtype, "float32"),
+    }
+    out = {k: v.contiguous() for k, v in tensors.items()}
+    _check(out, cfg, "dflash", f"speculators-dflash export of {ckpt.path}")
+    return config, out
+
+
+class _AsEagle3(Checkpoint):
+    """A P-EAGLE checkpoint seen as its EAGLE-3 part (mask_hidden left out), for the shared EAGLE-3 mapping."""
+
+    def load(self, names=None):
+        return {k: v for k, v in super().load(names).items() if k != "mask_hidden"}
+
+
+def speculators_peagle(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json, tensors) in vLLM's speculators P-EAGLE layout: EAGLE-3's + mask_hidden, mask_token_id."""
+    if ckpt.kind != "peagle":
+        raise DraftsmithError(f"{ckpt.path} is a {ckpt.kind} checkpoint, not P-EAGLE")
+    depths = int(ckpt.config.get("num_depths", 0))
+    base = _AsEagle3(ckpt.path, "eagle3", ckpt.config, ckpt.tensors)
+    cfg, out = speculators_eagle3(base, speculative_tokens=depths)
+    mask_hidden = ckpt.load(["mask_hidden"])["mask_hidden"]
+    want = (1, 1, 3 * int(cfg["target_hidden_size"]))
+    if tuple(mask_hidden.shape) != want:
+        raise DraftsmithError(
+            f"{ckpt.path}: mask_hidden has shape {list(mask_hidden.shape)}, expected {list(want)}"
+        )
+    out["mask_hidden"] = mask_hidden.contiguous()
+    cfg.update(
+        architectures=["PEagleSpeculator"],
+        speculators_model_type="peagle",
+        mask_token_id=int(ckpt.config["mask_token_id"]),
+        num_depths=depths,
+    )
+    cfg["speculators_config"]["algorithm"] = "peagle"
+    return cfg, out
+
+
+def native(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The draftsmith folder itself (config.json with draftsmith_head_type + model.safetensors), re-validated: what
+    `draftsmith eval --drafter dflash:DIR | peagle:DIR` and load_head read."""
+    tensors = ckpt.load()
+    if ckpt.kind == "dflash":
+        _dflash_common(ckpt)
+    _check(tensors, ckpt.config, ckpt.kind, f"hf export of {ckpt.path}")
+    return dict(ckpt.config), {k: v.contiguous() for k, v in tensors.items()}
