@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from draftsmith.acceptance import tau_from_conditional
 from draftsmith.heads.dflash import DFlashDrafter, rope
 from draftsmith.heads.eagle import rope_cos_sin
+from draftsmith.heads.losses import _DepthAcceptance, shift_left
 from draftsmith.heads.peagle import PEagleHead
 
 
@@ -103,19 +103,6 @@ def position_terms(
     return li, vocab_ids[draft_logits.detach().argmax(-1)], tgt_top
 
 
-def acceptance_metrics(ok: list[torch.Tensor], valid: list[torch.Tensor], metrics: dict) -> None:
-    """ok/valid per position j, each [B, n] over the same drafts -> acc_j (conditional), top1_j, tau_sim."""
-    alive = None
-    accepts = []
-    for j, (o, v) in enumerate(zip(ok, valid)):
-        prev = v if alive is None else (alive & v)
-        metrics[f"acc_{j}"] = float((o & prev).sum()) / max(int(prev.sum()), 1)
-        metrics[f"top1_{j}"] = float((o & v).sum()) / max(int(v.sum()), 1)
-        accepts.append(metrics[f"acc_{j}"])
-        alive = prev & o
-    metrics["tau_sim"] = tau_from_conditional(accepts)
-
-
 def dflash_loss(
     d: DFlashDrafter,
     embed_weight: torch.Tensor,
@@ -139,15 +126,15 @@ def dflash_loss(
     out = dflash_forward(d, embed_weight, feats["aux"], ids, am, a)
     last = feats["last"]
     total = out.new_zeros((), dtype=torch.float32)
-    wsum, metrics, oks, valids = 0.0, {}, [], []
+    wsum, metrics = 0.0, {}
+    acc = _DepthAcceptance(tuple(a.shape), ids.device)  # a draft = one block; position j-1 = its j-th token
+    none = torch.zeros(0, dtype=torch.long, device=ids.device)
     for j in range(1, d.config.block_size):
         pos = a + j  # token predicted by block row j
         v = a_ok & (pos < t)
         v &= lm.gather(1, pos.clamp(max=t - 1)).bool()
-        valids.append(v)
-        ok = torch.zeros_like(v)
-        oks.append(ok)
         if not bool(v.any()):
+            acc.update(j - 1, v, none, none)
             continue
         rows = out[:, :, j][v]
         tgt = last.gather(1, (pos - 1).clamp(max=t - 1)[..., None].expand(-1, -1, last.shape[-1]))[v]
@@ -155,14 +142,12 @@ def dflash_loss(
             d.logits(rows), tgt, lm_weight, d.vocab_ids, loss=loss, temperature=temperature, beta=beta,
             exact=exact_acceptance,
         )
-        ok[v] = d_top == t_top
+        acc.update(j - 1, v, d_top, t_top)
         w = float(torch.exp(torch.tensor(-(j - 1) / gamma)))
         total = total + w * li
         wsum += w
         metrics[f"loss_{j - 1}"] = float(li.detach())
-    acceptance_metrics(oks, valids, metrics)
-    metrics["n_tokens"] = float(am.sum())
-    return total / max(wsum, 1e-9), metrics
+    return total / max(wsum, 1e-9), {**metrics, **acc.result(am)}
 
 
 def cod_columns(
@@ -196,8 +181,6 @@ def peagle_forward(
 ) -> tuple[torch.Tensor, list[slice]]:
     """All depths in one forward: [B, T] real rows (depth 0) + one placeholder row per kept column per depth.
     Returns (final states [B, R, H], row slice of each depth)."""
-    from draftsmith.heads.losses import shift_left
-
     b, t = ids.shape
     dev, dtype = ids.device, head.fc.weight.dtype
     c = head.config
@@ -250,28 +233,24 @@ def peagle_loss(
     last = feats["last"]
     total = out.new_zeros((), dtype=torch.float32)
     n_rows, metrics = 0, {}
-    oks, valids = [], []
+    # conditional acceptance is exact when cod_ratio = 1 (every column kept at every depth)
+    acc = _DepthAcceptance((b, t), ids.device)
     for d, sl in enumerate(bounds):
         c_d = torch.arange(t, device=ids.device) if d == 0 else cols[d - 1]
         lab = c_d + 2 + d  # token predicted by row (d, t)
         v = (lab < t)[None] & lm.gather(1, lab.clamp(max=t - 1)[None].expand(b, -1)).bool()
-        ok = torch.zeros_like(v)
+        full = torch.zeros(b, t, dtype=torch.bool, device=ids.device)
+        full[:, c_d] = v  # row-major over (b, sorted columns): the order of v's rows below
+        d_top = t_top = torch.zeros(0, dtype=torch.long, device=ids.device)
         if bool(v.any()):
             tgt = last[:, (c_d + 1 + d).clamp(max=t - 1)][v]
             li, d_top, t_top = position_terms(
                 head.logits(out[:, sl][v]), tgt, lm_weight, head.vocab_ids, loss=loss, temperature=temperature,
                 beta=beta, exact=exact_acceptance,
             )
-            ok[v] = d_top == t_top
             nv = int(v.sum())
             total = total + li * nv
             n_rows += nv
             metrics[f"loss_{d}"] = float(li.detach())
-        full = torch.zeros(b, t, dtype=torch.bool, device=ids.device)
-        fv = torch.zeros_like(full)
-        full[:, c_d], fv[:, c_d] = ok, v
-        oks.append(full)
-        valids.append(fv)
-    acceptance_metrics(oks, valids, metrics)  # conditional acc is exact when cod_ratio = 1 (every column kept)
-    metrics["n_tokens"] = float(am.sum())
-    return total / max(n_rows, 1), metrics
+        acc.update(d, full, d_top, t_top)
+    return total / max(n_rows, 1), {**metrics, **acc.result(am)}
