@@ -110,6 +110,10 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+RESULT_FILES = ("eval.json", "report.md", "eval.png")
+"""What write_outputs puts in an eval folder (a folder holding any of them holds an earlier run's results)."""
+
+
 def write_outputs(result: dict, out_dir: str | Path) -> None:
     """out_dir/eval.json, report.md, eval.png (each written to a temp name, then renamed)."""
     out = Path(out_dir)

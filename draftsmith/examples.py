@@ -112,8 +112,9 @@ def examples_from_sources(
     for src in sources:
         if is_eval_source(src):
             raise DraftsmithError(
-                f"{src} is an evaluation set; train on other data (a draftsmith generate folder of builtin:train "
-                "prompts, builtin:train-text), never on what you evaluate"
+                f"{src} is or holds an evaluation set (its prompts match builtin:dev-eval's); train on other "
+                "data (a draftsmith generate folder of builtin:train prompts, builtin:train-text), never on what "
+                "you evaluate"
             )
     out = []
     for src, lim in zip(sources, limits):

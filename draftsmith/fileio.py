@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from draftsmith.errors import DraftsmithError
 
 
 def temp_path(path: str | os.PathLike) -> Path:
@@ -51,4 +54,32 @@ def replace_dir(tmp: str | os.PathLike, out: str | os.PathLike) -> Path:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, out)
+    return out
+
+
+def check_output_dir(path: str | os.PathLike, results: tuple[str, ...] = (), overwrite: bool = False) -> Path:
+    """Refuse, before any compute, an output folder that cannot be written or that already holds `results`
+    (unless `overwrite`). Creates nothing: a probe file in the nearest existing folder is written and removed."""
+    out = Path(path).expanduser()
+    if out.exists() and not out.is_dir():
+        raise DraftsmithError(f"output folder {out} is a file; choose another --out")
+    held = [name for name in results if (out / name).exists()]
+    if held and not overwrite:
+        raise DraftsmithError(
+            f"{out} already holds {held[0]} from an earlier run; pass --overwrite to replace it "
+            "or choose another --out"
+        )
+    base = out
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        raise DraftsmithError(f"cannot create output folder {out}: {base} is a file; choose another --out")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=base)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise DraftsmithError(
+            f"cannot write output folder {out} ({e.strerror}); choose a writable --out"
+        ) from None
     return out

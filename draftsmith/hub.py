@@ -118,6 +118,16 @@ def _scan_for_token(folder: Path, token: str | None) -> None:
             )
 
 
+def _push_error(repo_id: str, e: Exception) -> DraftsmithError:
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    detail = str(e).splitlines()[0][:160] if str(e) else ""
+    fix = {
+        401: "log in (hf auth login) or pass --token-env with a valid token",
+        403: "use a token with write access to this namespace",
+    }.get(status, "check your network connection and token, or stage it first with --dry-run DIR")
+    return DraftsmithError(f"could not push to {repo_id} ({type(e).__name__}: {detail}); {fix}")
+
+
 def push_to_hub(
     checkpoint_dir: str | os.PathLike,
     repo_id: str,
@@ -151,13 +161,16 @@ def push_to_hub(
             log.info("dry run: %d files staged in %s (nothing uploaded)", len(files), dest)
             return str(dest)
         api = HfApi(token=token)
-        api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
-        info = api.upload_folder(
-            repo_id=repo_id,
-            repo_type="model",
-            folder_path=str(staged),
-            commit_message=commit_message or "Upload drafter with draftsmith",
-        )
+        try:
+            api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
+            info = api.upload_folder(
+                repo_id=repo_id,
+                repo_type="model",
+                folder_path=str(staged),
+                commit_message=commit_message or "Upload drafter with draftsmith",
+            )
+        except Exception as e:  # noqa: BLE001 - the HTTP client's errors (no network, 401, 5xx) share no base
+            raise _push_error(repo_id, e) from None
         url = getattr(info, "commit_url", None) or f"https://huggingface.co/{repo_id}"
         log.info("pushed %d files to %s", len(files), url)
         return str(url)

@@ -75,10 +75,21 @@ def load_eval(path: str | os.PathLike) -> dict:
             raise DraftsmithError(
                 f"{path} lacks {key!r}; pass the eval.json written by draftsmith eval --out DIR"
             )
-    if not isinstance(data["alpha_per_position"], list) or not isinstance(data["tokens_per_s"], dict):
+    alphas = data["alpha_per_position"]
+    if (
+        not isinstance(alphas, list)
+        or not all(a is None or isinstance(a, (int, float)) for a in alphas)
+        or not isinstance(data["tokens_per_s"], dict)
+    ):
         raise DraftsmithError(
-            f"{path}: alpha_per_position must be a list and tokens_per_s an object; re-run draftsmith eval"
+            f"{path}: alpha_per_position must be a list of numbers (null where a depth was never reached) "
+            "and tokens_per_s an object; re-run draftsmith eval"
         )
+    for key in ("tau", "speedup"):
+        if data[key] is not None and not isinstance(data[key], (int, float)):
+            raise DraftsmithError(
+                f"{path}: {key} must be a number, got {data[key]!r}; re-run draftsmith eval"
+            )
     return data
 
 
@@ -188,6 +199,11 @@ def _eval_results(ev: dict, prompts: str) -> list:
     ]
 
 
+def _num(value, unit: str = "") -> str:
+    # eval.json writes null where nothing was measured (a draft depth never reached, no plain tokens)
+    return "n/a" if value is None else f"{value:.3f}{unit}"
+
+
 def _usage(kind: str, fmt: str | None, repo_id: str, target_id: str, k: int) -> str:
     if fmt == "sglang-eagle3":
         return (
@@ -267,16 +283,16 @@ def build_card(
         + "\n",
     ]
     if eval_data:
-        alphas = ", ".join(f"{a:.3f}" for a in eval_data["alpha_per_position"])
+        alphas = ", ".join(_num(a) for a in eval_data["alpha_per_position"])
         tps = eval_data["tokens_per_s"]
         body += [
             "## Measured results\n",
             "Measured by `draftsmith eval`; τ counts the bonus token, speedup is wall-clock against plain "
             "decoding of the same target in the same run.\n",
             "| metric | value |\n|---|---|",
-            f"| τ (mean accepted length, bonus incl.) | {eval_data['tau']:.3f} |",
-            f"| α per draft position | {alphas} |",
-            f"| speedup | {eval_data['speedup']:.3f}× |",
+            f"| τ (mean accepted length, bonus incl.) | {_num(eval_data['tau'])} |",
+            f"| α per draft position (n/a: depth never reached) | {alphas} |",
+            f"| speedup | {_num(eval_data['speedup'], '×')} |",
             f"| tokens/s speculative / plain | {tps.get('speculative')} / {tps.get('plain')} |",
             f"| lossless (greedy output identical, numerical near-ties aside) | {eval_data.get('lossless')} |\n",
             "Conditions:\n",
@@ -309,7 +325,7 @@ def build_card(
         if per_cat:
             body += ["\nPer category:\n", "| category | n | τ | speedup |\n|---|---|---|---|"]
             body += [
-                f"| {c} | {v.get('n_prompts')} | {v.get('tau', float('nan')):.3f} | {v.get('speedup', float('nan')):.3f} |"
+                f"| {c} | {v.get('n_prompts')} | {_num(v.get('tau'))} | {_num(v.get('speedup'), '×')} |"
                 for c, v in per_cat.items()
             ]
         if eval_png:

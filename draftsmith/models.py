@@ -141,7 +141,9 @@ def parse_device(device: str | torch.device | None) -> torch.device:
     if dev.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
-            raise DraftsmithError(f"--device {device}: this machine has no CUDA GPU usable by torch; use --device cpu")
+            raise DraftsmithError(
+                f"--device {device}: this machine has no CUDA GPU usable by torch; use --device cpu"
+            )
         if dev.index is not None and dev.index >= n:
             raise DraftsmithError(f"--device {device}: only {n} CUDA device(s) here (cuda:0..cuda:{n - 1})")
     elif dev.type not in ("cpu", "meta"):

@@ -16,8 +16,10 @@ Field shapes understood per record: a plain string; `messages`/`conversations` (
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -131,8 +133,17 @@ def _category_for(rel: str) -> str:
     return "humaneval" if "humaneval" in rel else ("vicuna" if "vicuna" in rel else "default")
 
 
+def check_limit(limit: int | None, what: str = "--limit") -> None:
+    """`limit` is None (everything) or a count >= 1 (0 used to mean "all" and -1 "all but the last")."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise DraftsmithError(
+            f"{what} must be >= 1 (the number of prompts to use), got {limit!r}; omit it for all"
+        )
+
+
 def load_prompts(source: str, limit: int | None = None, category: str | None = None) -> list[Prompt]:
     """Load and normalise prompts from `source` (see module docstring). Errors on empty results."""
+    check_limit(limit)
     recs: list[tuple[Any, str]] = []
     if source.startswith("builtin:"):
         name = source.split(":", 1)[1]
@@ -177,9 +188,36 @@ def _load_hub(spec: str) -> list[dict]:
     return list(ds)
 
 
+def _content_key(prompt: Prompt) -> str:
+    # whitespace-insensitive, so a reformatted copy (other field name, re-indented, stripped) still matches
+    return hashlib.sha256(" ".join(prompt.text.split()).encode()).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _eval_keys() -> frozenset[str]:
+    return frozenset(_content_key(p) for name in sorted(EVAL_ONLY) for p in load_prompts(f"builtin:{name}"))
+
+
+def eval_prompt_overlap(prompts: list[Prompt]) -> int:
+    """How many of `prompts` are prompts of the shipped evaluation sets (by content: hash of the text)."""
+    keys = _eval_keys()
+    return sum(_content_key(p) in keys for p in prompts)
+
+
 def is_eval_source(source: str) -> bool:
-    """True for the shipped evaluation sets, which trainers refuse as training data."""
-    return source.startswith("builtin:") and source.split(":", 1)[1] in EVAL_ONLY
+    """True for the shipped evaluation sets, which trainers refuse as training data: by name
+    (`builtin:dev-eval` ...) and, for a local file, by content: a file holding any of their prompts (a copy, a
+    reformatted copy, a mix) is an evaluation source too."""
+    if source.startswith("builtin:"):
+        return source.split(":", 1)[1] in EVAL_ONLY
+    path = Path(source).expanduser()
+    if not path.is_file():
+        return False
+    try:
+        prompts = load_prompts(str(path))
+    except DraftsmithError:  # unreadable or prompt-less: the loader that reads it for real says why
+        return False
+    return eval_prompt_overlap(prompts) > 0
 
 
 def prompt_ids(tokenizer, prompt: Prompt, max_length: int | None = None) -> list[int]:

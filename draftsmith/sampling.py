@@ -7,6 +7,7 @@ Temperature 0 means greedy: the warped distribution is one-hot at the argmax.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +22,10 @@ class SamplingParams:
     top_p: float = 1.0  # 1.0 = off
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise DraftsmithError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:  # nan passes `< 0`, then samples nan
+            raise DraftsmithError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}"
+            )
         if self.top_k < 0:
             raise DraftsmithError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

@@ -157,8 +157,8 @@ def generate_dataset(
         limits = [f"--max-prompt-tokens {max_prompt_tokens}"] if max_prompt_tokens is not None else []
         limits += [f"the context ({ctx} positions, {max_new_tokens} kept for the answer)"] if ctx else []
         raise DraftsmithError(
-            f"all {len(plist)} prompts were skipped as longer than {' or '.join(limits)}; nothing to generate - "
-            "lower --max-new-tokens, raise --max-prompt-tokens or pass shorter prompts"
+            f"all {len(plist)} prompts were skipped as longer than {' or '.join(limits)}; nothing to "
+            "generate - lower --max-new-tokens, raise --max-prompt-tokens or pass shorter prompts"
         )
     manifest = manifest or {
         "format": FORMAT,

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from draftsmith.checkpoint import read_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import replace_dir
 from draftsmith.modeling import base_decoder
@@ -100,6 +101,7 @@ def write_head_dir(
 
 
 def read_head_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     p = Path(path)
@@ -108,13 +110,19 @@ def read_head_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, to
             f"{p} is not a head folder (needs config.json and model.safetensors); "
             "pass the final/ folder written by train/heads.py"
         )
-    config = json.loads((p / "config.json").read_text())
+    config = read_json(p / "config.json", "re-save the head, or copy its config.json again")
     if config.get("draftsmith_head_type") not in HEAD_TYPES:
         raise DraftsmithError(
             f"{p}/config.json has draftsmith_head_type={config.get('draftsmith_head_type')!r}; "
             f"expected one of {list(HEAD_TYPES)}"
         )
-    return config, load_file(str(p / "model.safetensors"))
+    try:
+        return config, load_file(str(p / "model.safetensors"))
+    except (SafetensorError, OSError, ValueError) as e:  # truncated copy, interrupted download, wrong file
+        raise DraftsmithError(
+            f"{p}/model.safetensors is not a readable safetensors file ({str(e).splitlines()[0][:120]}); "
+            "copy or re-save the head again"
+        ) from None
 
 
 def config_from_dict(cls, data: dict[str, Any], where: str):

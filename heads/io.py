@@ -45,22 +45,29 @@ def load_head(
     if check:
         check_target(config.get("target", {}), target_model, f"head {path}")
     kind = config["draftsmith_head_type"]
-    if kind == "medusa":
-        head = MedusaHeads(config_from_dict(MedusaConfig, config, "medusa config"), config.get("target"))
-    elif kind == "earlyexit":
-        from draftsmith.heads.earlyexit import EarlyExitAdapter, EarlyExitConfig
+    try:  # a config.json edited by hand (a wrong type, an impossible size) fails inside the constructors
+        if kind == "medusa":
+            head = MedusaHeads(config_from_dict(MedusaConfig, config, "medusa config"), config.get("target"))
+        elif kind == "earlyexit":
+            from draftsmith.heads.earlyexit import EarlyExitAdapter, EarlyExitConfig
 
-        head = EarlyExitAdapter(config_from_dict(EarlyExitConfig, config, "earlyexit config"), config.get("target"))
-    elif kind == "dflash":
-        from draftsmith.heads.dflash import DFlashDrafter, dflash_config_from_dict
+            head = EarlyExitAdapter(
+                config_from_dict(EarlyExitConfig, config, "earlyexit config"), config.get("target")
+            )
+        elif kind == "dflash":
+            from draftsmith.heads.dflash import DFlashDrafter, dflash_config_from_dict
 
-        head = DFlashDrafter(dflash_config_from_dict(config), config.get("target"))
-    elif kind == "peagle":
-        from draftsmith.heads.peagle import peagle_from_config_dict
+            head = DFlashDrafter(dflash_config_from_dict(config), config.get("target"))
+        elif kind == "peagle":
+            from draftsmith.heads.peagle import peagle_from_config_dict
 
-        head = peagle_from_config_dict(config)
-    else:
-        head = EagleHead(eagle_config_from_dict(config), config.get("target"))
+            head = peagle_from_config_dict(config)
+        else:
+            head = EagleHead(eagle_config_from_dict(config), config.get("target"))
+    except (TypeError, ValueError) as e:
+        raise DraftsmithError(
+            f"head {path}: config.json does not describe a valid {kind} head ({e}); re-save the head"
+        ) from None
     load_state_strict(head, state, f"head {path}")
     ref = target_model.get_output_embeddings().weight
     head.to(

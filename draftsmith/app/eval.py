@@ -29,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N prompts only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write eval.json, report.md, eval.png here")
+    p.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="bf16, fp16, fp32 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument(
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         progress=not args.no_progress,
         compile=args.compile,
+        overwrite=args.overwrite,
     )
     tps = result["tokens_per_s"]
     print(summary_table(result))

@@ -18,9 +18,10 @@ from draftsmith.compat import check_compatible
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
 from draftsmith.decode.evaluate import hardware, measure
-from draftsmith.decode.report import write_outputs
+from draftsmith.decode.report import RESULT_FILES, write_outputs
 from draftsmith.errors import DraftsmithError
-from draftsmith.prompts import Prompt, load_prompts, prompt_ids
+from draftsmith.fileio import check_output_dir
+from draftsmith.prompts import Prompt, check_limit, load_prompts, prompt_ids
 from draftsmith.sampling import SamplingParams
 
 
@@ -43,6 +44,7 @@ def evaluate(
     target_model=None,
     tokenizer=None,
     compile: bool = False,
+    overwrite: bool = False,
 ) -> dict:
     """Run plain and speculative decoding on every prompt; return the eval.json dict (measured numbers, per-prompt
     rows, and the conditions they were measured under).
@@ -50,7 +52,11 @@ def evaluate(
     `target` is a model spec (Hub id, folder, .gguf, smollm2-135m) or a loaded model; pass `target_model` /
     `tokenizer` to reuse loaded objects. Writes eval.json, report.md and eval.png into `out_dir` if given.
     `compile`: StaticCache + torch.compile of the target forward (CUDA; see SpeculativeDecoder).
+    An `out_dir` holding results is refused unless `overwrite`; it is checked before anything loads.
     """
+    if out_dir is not None:  # an unwritable folder must fail now, not after all the decoding
+        check_output_dir(out_dir, RESULT_FILES, overwrite)
+    check_limit(limit)
     if k < 1:
         raise DraftsmithError(f"k must be >= 1 (draft tokens per step), got {k}")
     if max_new_tokens < 1:
@@ -63,9 +69,9 @@ def evaluate(
     if tokenizer is None:
         tokenizer = models.load_tokenizer(target_spec)
     dev = (
-        torch.device(device)
-        if device is not None
-        else (next(target_model.parameters()).device if target_model is not None else models.default_device())
+        models.parse_device(device)
+        if device is not None or target_model is None
+        else next(target_model.parameters()).device
     )
     if isinstance(prompts, str):
         source = prompts

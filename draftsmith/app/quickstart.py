@@ -240,6 +240,7 @@ def quickstart(
             k=4,
             max_new_tokens=sizes.eval_max_new_tokens,
             out_dir=out / "eval",
+            overwrite=True,  # the quickstart reruns into its own folder (its trainer overwrites too)
             target_model=model,
             tokenizer=tok,
             progress=progress,
