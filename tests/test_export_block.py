@@ -48,6 +48,9 @@ def test_native_folder_round_trip_keeps_the_drafts(tiny_target, tmp_path):
         back = load_head(out, tiny_target)
         assert type(back) is type(head)
         assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), back.state_dict().values()))
+        hf = export(out, "hf", tmp_path / f"{head.head_type}-hf")  # the native layout, re-validated
+        again = load_head(hf, tiny_target)
+        assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), again.state_dict().values()))
         a = dec.generate(ids, prop(head, tiny_target), k=3, max_new_tokens=12)
         b = dec.generate(ids, prop(back, tiny_target), k=3, max_new_tokens=12)
         assert a.tokens == b.tokens and a.accepted == b.accepted
