@@ -94,8 +94,15 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     """Build dataclass `cls` from a mapping; unknown keys are errors listing the valid ones."""
     types_ = _field_types(cls)
     unknown = sorted(set(data) - set(types_))
+    prefix = f"{where}." if where else ""
+    renamed = getattr(cls, "RENAMED", {})
+    for key in unknown:
+        if key in renamed:
+            raise DraftsmithError(
+                f"config key {prefix}{key} is now {prefix}{renamed[key]} (one data-section shape for every "
+                f"trainer); rename it"
+            )
     if unknown:
-        prefix = f"{where}." if where else ""
         raise DraftsmithError(
             f"unknown config key {prefix}{unknown[0]!s}; valid keys{' in ' + where if where else ''}: "
             f"{', '.join(sorted(types_))}"

@@ -9,12 +9,55 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, TypeVar
 
 import torch
 
 from draftsmith.errors import DraftsmithError
+
+E = TypeVar("E")
+
+
+@dataclass
+class DataSources:
+    """The `data:` section every trainer shares (each adds its own fields)."""
+
+    source: str | list[str] | None = None
+    """Training sources, one or a list: `draftsmith generate` folders (the target's own answers, token ids),
+    prompt+response files (.jsonl/.json/.parquet) or `builtin:train-text`. Never an eval set. Held-out examples
+    come from the first source."""
+    limit: int | list[int | None] | None = None
+    """Use only the first N examples of each source (one number, or a list with one limit per source, null = all)."""
+    max_length: int = 1024
+    """Prompt + response tokens per sequence (longer ones are cut); at most the target's context."""
+    eval_size: int = 64
+    """Examples held out from the first source for the acceptance eval (never trained on)."""
+
+    RENAMED: ClassVar[dict[str, str]] = {
+        "generated": "source",
+        "eval_fraction": "eval_size",
+        "max_eval_examples": "eval_size",
+    }
+
+    def __post_init__(self) -> None:
+        if self.max_length < 2:
+            raise DraftsmithError(f"data.max_length must be >= 2 (prompt + response), got {self.max_length}")
+        if self.eval_size < 0:
+            raise DraftsmithError(f"data.eval_size must be >= 0, got {self.eval_size}")
+        for lim in self.limit if isinstance(self.limit, list) else [self.limit]:
+            if lim is not None and lim < 1:
+                raise DraftsmithError(f"data.limit must be >= 1 (null = all), got {lim}")
+
+    @property
+    def sources(self) -> list[str]:
+        if not self.source:
+            raise DraftsmithError(
+                "data.source is required: a draftsmith generate folder, a .jsonl with responses or builtin:train-text"
+            )
+        return [self.source] if isinstance(self.source, str) else list(self.source)
 
 
 @dataclass
@@ -23,6 +66,8 @@ class Example:
     response_ids: list[int]
     id: str = ""
     category: str = "default"
+    source: str = ""
+    """The training source it was read from (held-out examples come from the first source only)."""
     target_topk: tuple[torch.Tensor, torch.Tensor] | None = None
     """Cached target scores of the response tokens: (values [R, k] fp16, ids [R, k] int32); see cache_target_topk."""
 
@@ -120,21 +165,31 @@ def examples_from_sources(
     for src, lim in zip(sources, limits):
         if tokenizer is None and not Path(src).is_dir():
             raise DraftsmithError(f"{src} is a text file: reading it needs the target's tokenizer")
-        out.append(examples_from_file(src, tokenizer)[: lim or None])
+        examples = examples_from_file(src, tokenizer)[: lim or None]
+        for e in examples:
+            e.source = src
+        out.append(examples)
     return out
 
 
-def split_heldout(examples: list[Example], n_eval: int, seed: int = 0) -> tuple[list[Example], list[Example]]:
-    """Deterministic (train, held-out) split; the held-out examples never appear in training."""
+def split_heldout(
+    examples: Sequence[E], n_eval: int, seed: int = 0, source: Callable[[E], str] = lambda e: e.source
+) -> tuple[list[E], list[E]]:
+    """Deterministic (train, held-out) split for every trainer: `n_eval` examples drawn by a seeded shuffle from
+    the FIRST source only (the main data, e.g. the target's own answers, closest to what the decoder drafts); the
+    other sources are all trained on, and held-out examples never appear in training. Order is kept."""
     if n_eval < 0:
-        raise DraftsmithError(f"eval size must be >= 0, got {n_eval}")
-    if n_eval >= len(examples):
+        raise DraftsmithError(f"data.eval_size must be >= 0, got {n_eval}")
+    first = source(examples[0]) if examples else None
+    pool = [i for i, e in enumerate(examples) if source(e) == first]
+    if n_eval >= len(examples) or n_eval > len(pool):
         raise DraftsmithError(
-            f"only {len(examples)} examples: cannot hold out {n_eval} for eval and still train; add data or lower it"
+            f"cannot hold out data.eval_size={n_eval} examples: the first source has {len(pool)} of "
+            f"{len(examples)}, and some must remain to train on; lower data.eval_size or add data"
         )
-    order = list(range(len(examples)))
+    order = list(range(len(pool)))
     random.Random(seed).shuffle(order)
-    held = set(order[:n_eval])
+    held = {pool[j] for j in order[:n_eval]}
     return [e for i, e in enumerate(examples) if i not in held], [examples[i] for i in sorted(held)]
 
 

@@ -13,20 +13,20 @@ from collections.abc import Callable
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.examples import examples_from_sources
+from draftsmith.examples import examples_from_sources, split_heldout
 
 
 def load_examples(
-    generated: str | list[str],
+    sources: str | list[str],
     *,
     max_length: int = 1024,
-    limit: int | None = None,
+    limit: int | list[int | None] | None = None,
     loss_on_prompt: bool = False,
     tokenizer=None,
 ) -> list[dict]:
     """Training conversations -> [{"index", "input_ids", "loss_mask", "response_mask", "source"}].
 
-    `generated`: one source or a list mixing `draftsmith generate` folders (target-answered prompts) and fixed
+    `sources`: one source or a list mixing `draftsmith generate` folders (target-answered prompts) and fixed
     prompt+response files (.jsonl/.json/.parquet, or `builtin:train-text`; read by
     draftsmith.examples.examples_from_sources, which needs `tokenizer` for files). Fixed text is legitimate head data:
     an EAGLE/Medusa head's labels are the target's own distributions on whatever tokens it reads (EAGLE-1 trained
@@ -34,11 +34,7 @@ def load_examples(
     stable integer `index` (position in the concatenation) so hidden-state caches can be keyed by it.
     loss_on_prompt: also learn on prompt tokens (their target states are computed anyway: free extra signal when
     data is scarce; the labels are still the target's distributions, so nothing is learned off-policy but inputs)."""
-    sources = [generated] if isinstance(generated, str) else list(generated)
-    if not sources:
-        raise DraftsmithError(
-            "data.generated is empty; give a draftsmith generate folder or builtin:train-text"
-        )
+    sources = [sources] if isinstance(sources, str) else list(sources)
     out: list[dict] = []
     index = 0
     for src, examples in zip(sources, examples_from_sources(sources, tokenizer, limit)):
@@ -78,28 +74,11 @@ def data_fingerprint(examples: list[dict]) -> str:
     return h.hexdigest()[:16]
 
 
-def split_examples(
-    examples: list[dict], eval_fraction: float, max_eval: int, seed: int = 0
-) -> tuple[list, list]:
-    """Held-out split by a seeded shuffle (eval examples are never trained on). With several sources the held-out
-    rows come from the first one only (the target-generated data, closest to what the decoder drafts); the other
-    sources are all trained on."""
-    first = examples[0].get("source") if examples else None
-    pool = [i for i, e in enumerate(examples) if e.get("source") == first]
-    rest = [i for i, e in enumerate(examples) if e.get("source") != first]
-    n_pool = len(pool)
-    order = list(range(n_pool))
-    random.Random(seed).shuffle(order)
-    n_eval = min(max_eval, int(round(n_pool * eval_fraction)))
-    if len(examples) > 1 and n_pool > 0:
-        n_eval = max(1, min(n_eval, len(examples) - 1, n_pool))
-    else:
-        n_eval = 0
-    held = sorted(pool[j] for j in order[:n_eval])
-    # held-out acceptance is measured on responses only (what the decoder drafts), whatever the training mask
-    ev = [{**examples[i], "loss_mask": examples[i]["response_mask"]} for i in held]
-    tr = [examples[i] for i in sorted([pool[j] for j in order[n_eval:]] + rest)]
-    return tr, ev
+def split_examples(examples: list[dict], eval_size: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """draftsmith.examples.split_heldout on head rows (held-out rows from the first source only); held-out
+    acceptance is measured on responses only (what the decoder drafts), whatever the training mask."""
+    train, held = split_heldout(examples, eval_size, seed, source=lambda e: e["source"])
+    return train, [{**e, "loss_mask": e["response_mask"]} for e in held]
 
 
 def collate(examples: list[dict]) -> dict[str, torch.Tensor]:

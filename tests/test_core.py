@@ -168,3 +168,35 @@ def test_one_tau_formula_chain_tree_and_text_agree():
         for k in (1, 3):
             expect = acceptance.tau_from_conditional(acc[t:hi].tolist(), k)
             assert float(got[k][t]) == pytest.approx(expect)
+
+
+def test_data_sections_share_one_shape_and_name_renamed_keys():
+    from draftsmith.config import load_config
+    from draftsmith.distill.recipe import DistillConfig
+    from draftsmith.examples import DataSources
+    from draftsmith.heads.recipe import HeadsConfig
+
+    for cls in (DistillConfig, HeadsConfig):
+        cfg = load_config(cls, None, ["data.source=[a, b]", "data.limit=[null, 5]", "data.eval_size=3"])
+        assert isinstance(cfg.data, DataSources) and cfg.data.sources == ["a", "b"] and cfg.data.eval_size == 3
+        with pytest.raises(DraftsmithError, match="data.generated is now data.source"):
+            load_config(cls, None, ["data.generated=a"])
+        with pytest.raises(DraftsmithError, match="data.limit must be >= 1"):
+            load_config(cls, None, ["data.limit=0"])
+        with pytest.raises(DraftsmithError, match="data.source is required"):
+            _ = load_config(cls, None, []).data.sources
+
+
+def test_split_heldout_draws_from_the_first_source_only():
+    from draftsmith.examples import Example, split_heldout
+
+    exs = [Example([1], [2, 3], f"a{i}", source="a") for i in range(6)] + [
+        Example([1], [2, 3], f"b{i}", source="b") for i in range(4)
+    ]
+    train, held = split_heldout(exs, 3, seed=1)
+    assert len(held) == 3 and all(e.source == "a" for e in held)
+    assert sorted(e.id for e in train + held) == sorted(e.id for e in exs)
+    assert not {e.id for e in train} & {e.id for e in held}
+    assert split_heldout(exs, 3, seed=1) == (train, held)  # deterministic
+    with pytest.raises(DraftsmithError, match="cannot hold out"):
+        split_heldout(exs, 7)

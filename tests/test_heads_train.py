@@ -18,7 +18,7 @@ RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("recipes").glob("h
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
 def test_every_heads_recipe_loads(path):
     cfg = load_config(HeadsConfig, path)
-    assert cfg.head.kind in ("medusa", "medusa2", "eagle", "eagle3", "dflash", "peagle")
+    assert cfg.head.kind in ("medusa", "medusa2", "eagle", "eagle3", "dflash", "peagle", "earlyexit")
     assert (
         path.read_text().startswith("#")
         and "train/heads.py" in path.read_text().split("\n", 3)[1] + path.read_text()
@@ -54,7 +54,7 @@ def _cfg(tiny_dirs, generated, out, kind, *extra):
         None,
         [
             f"model.target={tiny_dirs['target']}",
-            f"data.generated={generated}",
+            f"data.source={generated}", "data.eval_size=1",
             f"head.kind={kind}",
             "head.draft_vocab_size=128",
             "head.aux_layers=0,1,2",
@@ -171,7 +171,7 @@ def test_hybrid_runs_the_target_once_per_example(tiny_dirs, generated, tmp_path,
 
 
 def test_mixed_sources_hold_out_from_the_first_and_refuse_eval_sets(generated, tmp_path):
-    """data.generated may list generate folders and fixed prompt+response files; held-out rows come from the
+    """data.source may list generate folders and fixed prompt+response files; held-out rows come from the
     first source only, indices stay unique, eval sets are refused, and a cache built for other data is refused."""
     from draftsmith.heads.data import data_fingerprint, load_examples, split_examples
     from draftsmith.heads.hidden import CacheSpec, HiddenStateCache
@@ -196,13 +196,13 @@ def test_mixed_sources_hold_out_from_the_first_and_refuse_eval_sets(generated, t
     fixed = ex[len(gen_only) :]
     assert fixed[0]["input_ids"][-1] == tok.eos_token_id and fixed[0]["source"] == str(text)
     assert sum(fixed[0]["response_mask"]) == len(tok(" ".join(str(j) for j in range(3)))["input_ids"]) + 1
-    tr, ev = split_examples(ex, 0.5, 3, seed=0)
+    tr, ev = split_examples(ex, 3, seed=0)
     assert len(ev) == 3 and all(e["source"] == generated for e in ev)
     assert {e["index"] for e in tr} | {e["index"] for e in ev} == {e["index"] for e in ex}
     assert not {e["index"] for e in tr} & {e["index"] for e in ev}
     assert sum(e["source"] == str(text) for e in tr) == 6  # the second source is all trained on
     # a single source splits exactly as before (the existing caches and runs stay valid)
-    tr1, ev1 = split_examples(gen_only, 0.5, 3, seed=0)
+    tr1, ev1 = split_examples(gen_only, 3, seed=0)
     assert [e["index"] for e in ev1] == [e["index"] for e in ev if e["source"] == generated]
     limited = load_examples([generated, str(text)], max_length=160, tokenizer=tok, limit=2)
     assert len(limited) == 4
@@ -231,9 +231,9 @@ def test_mixed_sources_train_in_process(tiny_dirs, generated, tmp_path):
         "eagle3",
         "train.max_steps=2",
         "data.hidden_states=hybrid",
-        f"data.generated={generated},{text}",
+        f"data.source=[{generated}, {text}]",
     )
-    assert cfg.data.generated == [generated, str(text)]
+    assert cfg.data.source == [generated, str(text)]
     s = run_heads(cfg, make_accelerator(cfg.train), progress=False)
     assert s["step"] == 2 and s["cache_bytes"] > 0
     meta = json.loads((out / "hidden_cache" / "meta.json").read_text())
