@@ -26,6 +26,7 @@ import torch
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import write_json, write_text
 from draftsmith.models import eos_token_ids
+from draftsmith.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -65,32 +66,31 @@ def generate_dataset(
     out_dir: str | Path,
     *,
     max_new_tokens: int = 256,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    batch_size: int = 16,
-    shard_size: int = 128,
+    sampling: SamplingParams | None = None,
     limit: int | None = None,
     skip_long: bool = False,
     max_prompt_tokens: int | None = None,
     seed: int = 0,
-    device: str | None = None,
-    dtype: str | None = None,
+    batch_size: int = 16,
+    shard_size: int = 128,
     model=None,
     tokenizer=None,
+    device: str | None = None,
+    dtype: str | None = None,
     progress: bool = True,
     for_eval: bool = False,
 ) -> Path:
     """Have `target` answer the prompts in `prompts` (a source for draftsmith.prompts.load_prompts, or a list of
-    Prompt) and write a resumable token-id dataset to `out_dir`. `model`/`tokenizer` skip loading `target` (it is
-    still recorded). Evaluation sets are refused unless `for_eval` (reference answers for measuring, never training;
-    the manifest records the flag and trainers refuse such folders)."""
-    from tqdm.auto import tqdm
+    Prompt) and write a resumable token-id dataset to `out_dir`: settings checked against an existing folder,
+    prompts selected (already answered, too long), then answered batch by batch into shards.
 
+    sampling: decode-time warping (default greedy). `model`/`tokenizer` skip loading `target` (it is still
+    recorded). Evaluation sets are refused unless `for_eval` (reference answers for measuring, never training; the
+    manifest records the flag and trainers refuse such folders)."""
     from draftsmith import models
-    from draftsmith.prompts import check_limit, is_eval_source, load_prompts, prompt_ids
-    from draftsmith.sampling import SamplingParams
+    from draftsmith.prompts import check_limit, is_eval_source, load_prompts
 
+    sampling = sampling or SamplingParams()
     source = prompts if isinstance(prompts, str) else f"list:{len(prompts)}"
     if isinstance(prompts, str) and is_eval_source(prompts) and not for_eval:
         raise DraftsmithError(
@@ -100,7 +100,6 @@ def generate_dataset(
     if max_new_tokens < 1 or batch_size < 1 or shard_size < 1:
         raise DraftsmithError("max_new_tokens, batch_size and shard_size must be >= 1")
     check_limit(limit)
-    params = SamplingParams(temperature, top_k, top_p)
     device = models.parse_device(device) if model is None else device
     out = Path(out_dir)
     settings = {
@@ -109,14 +108,40 @@ def generate_dataset(
         "limit": limit,
         "for_eval": for_eval,
         "max_new_tokens": max_new_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
         "seed": seed,
         "max_prompt_tokens": max_prompt_tokens,
     }
+    manifest = _check_existing(out, settings)
+    plist = load_prompts(prompts, limit=limit) if isinstance(prompts, str) else list(prompts)[:limit]
+    if not plist:
+        raise DraftsmithError("the prompt list is empty; pass at least one prompt")
+    tokenizer = tokenizer or models.load_tokenizer(target)
+    model = model or models.load_model(target, dtype=dtype, device=device)
+    done = {row["id"] for row in _iter_rows(out, manifest)} if manifest else set()
+    todo = _select_prompts(plist, done, tokenizer, model, max_new_tokens, skip_long, max_prompt_tokens)
+    manifest = manifest or {
+        "format": FORMAT,
+        "settings": settings,
+        "target_info": models.describe(target) if isinstance(target, str) and target else {},
+        "shards": [],
+        "n_rows": 0,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / MANIFEST, manifest)
+    if not todo:
+        log.info("%s: all %d prompts already answered", out, len(plist))
+        return out
+    _answer(model, tokenizer, todo, out, manifest, max_new_tokens, sampling, seed, batch_size, shard_size, progress)
+    return out
+
+
+def _check_existing(out: Path, settings: dict) -> dict | None:
+    """The manifest of an earlier run in `out` (None if new); refused when made with other settings. `limit` may
+    grow between runs: a larger limit extends the dataset with the prompts not yet answered."""
     manifest = _read_manifest(out)
-    # `limit` may grow between runs: a larger limit extends the dataset with the prompts not yet answered
     differs = [
         k
         for k in settings
@@ -128,17 +153,17 @@ def generate_dataset(
             f"{out} holds data generated with other settings ({diff}: {manifest['settings'].get(diff)!r} vs "
             f"{settings[diff]!r}); use another --out"
         )
-    plist = load_prompts(prompts, limit=limit) if isinstance(prompts, str) else list(prompts)[:limit]
-    if not plist:
-        raise DraftsmithError("the prompt list is empty; pass at least one prompt")
+    return manifest
+
+
+def _select_prompts(plist, done, tokenizer, model, max_new_tokens, skip_long, max_prompt_tokens) -> list[tuple]:
+    """(key, prompt, prompt ids) still to answer: not answered before, fitting the context (or skipped with
+    skip_long) and max_prompt_tokens. Refuses a run where every prompt would be skipped."""
+    from draftsmith.prompts import prompt_ids
+
     keys = [p.id for p in plist]
     if len(set(keys)) != len(keys):  # ids must be unique to resume; fall back to positions
         keys = [str(i) for i in range(len(plist))]
-    done = {row["id"] for row in _iter_rows(out, manifest)} if manifest else set()
-    if tokenizer is None:
-        tokenizer = models.load_tokenizer(target)
-    if model is None:
-        model = models.load_model(target, dtype=dtype, device=device)
     ctx = getattr(model.config, "max_position_embeddings", None)
     todo = []
     for key, p in zip(keys, plist):
@@ -160,23 +185,22 @@ def generate_dataset(
             f"all {len(plist)} prompts were skipped as longer than {' or '.join(limits)}; nothing to "
             "generate - lower --max-new-tokens, raise --max-prompt-tokens or pass shorter prompts"
         )
-    manifest = manifest or {
-        "format": FORMAT,
-        "settings": settings,
-        "target_info": models.describe(target) if isinstance(target, str) and target else {},
-        "shards": [],
-        "n_rows": 0,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / MANIFEST, manifest)
-    if not todo:
-        log.info("%s: all %d prompts already answered", out, len(plist))
-        return out
-    todo.sort(key=lambda t: len(t[2]))  # similar lengths per batch: less left padding
+    return todo
+
+
+def _answer(model, tokenizer, todo, out, manifest, max_new_tokens, sampling, seed, batch_size, shard_size, progress):
+    """Answer `todo` in length-sorted batches with model.generate; every `shard_size` rows go to a new shard."""
+    from tqdm.auto import tqdm
+
+    todo = sorted(todo, key=lambda t: len(t[2]))  # similar lengths per batch: less left padding
     eos = eos_token_ids(model, tokenizer, required=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     gen = torch.Generator(device="cpu").manual_seed(seed)
     dev = next(model.parameters()).device
+    kw: dict[str, Any] = {"do_sample": False}
+    if not sampling.greedy:
+        kw = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+              "top_k": sampling.top_k or None}  # fmt: skip
     buffer: list[dict] = []
     bar = tqdm(total=len(todo), desc="generate", unit="prompt", disable=not progress)
     streamer = _TokenCounter(bar, eos)
@@ -185,9 +209,6 @@ def generate_dataset(
         chunk = todo[b : b + batch_size]
         input_ids, attn = left_pad([ids for _, _, ids in chunk], pad)
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-        kw: dict[str, Any] = {"do_sample": False}
-        if not params.greedy:
-            kw = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k or None}
         with torch.no_grad():
             seqs = model.generate(
                 input_ids=input_ids.to(dev),
@@ -199,12 +220,7 @@ def generate_dataset(
                 **kw,
             )
         for r, (key, p, ids) in enumerate(chunk):
-            resp = seqs[r, input_ids.shape[1] :].tolist()
-            finish = "length"
-            for j, tok in enumerate(resp):
-                if tok in eos:
-                    resp, finish = resp[: j + 1], "stop"
-                    break
+            resp, finish = _cut_at_eos(seqs[r, input_ids.shape[1] :].tolist(), eos)
             n_tokens += len(resp)
             buffer.append(
                 {"id": key, "category": p.category, "prompt_ids": ids, "response_ids": resp, "finish": finish}
@@ -214,14 +230,15 @@ def generate_dataset(
             _flush(out, manifest, buffer)
             buffer = []
     bar.close()
-    log.info(
-        "generated %d responses, %d tokens (%.0f tok/s) into %s",
-        len(todo),
-        n_tokens,
-        n_tokens / (time.perf_counter() - t0),
-        out,
-    )
-    return out
+    rate = n_tokens / (time.perf_counter() - t0)
+    log.info("generated %d responses, %d tokens (%.0f tok/s) into %s", len(todo), n_tokens, rate, out)
+
+
+def _cut_at_eos(resp: list[int], eos: list[int]) -> tuple[list[int], str]:
+    for j, tok in enumerate(resp):
+        if tok in eos:
+            return resp[: j + 1], "stop"
+    return resp, "length"
 
 
 class _TokenCounter:

@@ -118,3 +118,19 @@ def test_generate_cli(tiny_dirs, prompt_file, tmp_path, capsys):
         == 2
     )
     assert "evaluation set" in capsys.readouterr().err
+
+
+def test_sampled_generation_is_seeded_and_recorded(tiny_dirs, prompt_file, tmp_path):
+    from draftsmith.sampling import SamplingParams
+
+    hot = SamplingParams(temperature=1.5)
+    a = load_generated(_gen(tiny_dirs, prompt_file, tmp_path / "a", sampling=hot, seed=3))
+    b = load_generated(_gen(tiny_dirs, prompt_file, tmp_path / "b", sampling=hot, seed=3))
+    greedy = load_generated(_gen(tiny_dirs, prompt_file, tmp_path / "g"))
+    by_id = lambda rows: {r["id"]: r["response_ids"] for r in rows}  # noqa: E731
+    assert by_id(a) == by_id(b)  # same seed, same samples
+    assert by_id(a) != by_id(greedy)  # a random tiny model at temperature 1.5 does not follow its argmax
+    man = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert man["settings"]["temperature"] == 1.5
+    with pytest.raises(DraftsmithError, match="other settings"):  # resuming with other sampling is refused
+        _gen(tiny_dirs, prompt_file, tmp_path / "a", seed=3)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from draftsmith.sampling import SamplingParams
 from draftsmith.selfdistill import MANIFEST, generate_dataset
 
 
@@ -44,9 +45,7 @@ def run(args: argparse.Namespace) -> int:
         args.prompts,
         args.out,
         max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
+        sampling=SamplingParams(args.temperature, args.top_k, args.top_p),
         batch_size=args.batch_size,
         shard_size=args.shard_size,
         limit=args.limit,
