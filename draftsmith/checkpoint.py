@@ -1,6 +1,6 @@
 """Read a draftsmith checkpoint folder and check its tensors against the format it claims, before any export.
 
-Kinds (design contracts 1-2):
+Kinds:
 - "draft": a distilled draft, an ordinary HF causal-LM folder (+ optional draft_vocab.safetensors);
 - "medusa" / "eagle" / "eagle3": a head folder, config.json with `draftsmith_head_type` + model.safetensors.
 

@@ -1,5 +1,5 @@
 """Model cards for published drafters: front matter + a model-index holding the *measured* results of
-`draftsmith eval` (eval.json, design contract 3), the recipe, and how to load the drafter with draftsmith,
+`draftsmith eval` (eval.json), the recipe, and how to load the drafter with draftsmith,
 transformers, vLLM or SGLang.
 
 Every number in the model-index is copied unrounded from eval.json, so the card can be checked against the run.
