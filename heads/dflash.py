@@ -26,7 +26,7 @@ from torch import nn
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.common import config_from_dict, target_info
-from draftsmith.heads.eagle import MLP, RMSNorm, _rotate_half, default_aux_layers
+from draftsmith.heads.eagle import MLP, EagleHead, RMSNorm, _rotate_half, default_aux_layers, llama_shape
 from draftsmith.modeling import base_decoder
 
 
@@ -173,15 +173,7 @@ class DFlashDrafter(nn.Module):
         d.lm_head.weight.requires_grad_(not freeze_lm_head)
         return d.to(base_decoder(target_model).embed_tokens.weight.device)
 
-    def set_draft_vocab(self, vocab_ids: torch.Tensor) -> None:
-        """vocab_ids [V_d] sorted target ids -> d2t (target_id - i), t2d (bool over the target vocab)."""
-        ids = vocab_ids.to(torch.long).cpu()
-        if ids.numel() != self.config.draft_vocab_size or not bool((ids[1:] > ids[:-1]).all()):
-            raise DraftsmithError("draft vocab ids must be sorted, unique and draft_vocab_size long")
-        self.d2t.copy_(ids - torch.arange(ids.numel()))
-        t2d = torch.zeros(self.config.vocab_size, dtype=torch.bool)
-        t2d[ids] = True
-        self.t2d.copy_(t2d)
+    set_draft_vocab = EagleHead.set_draft_vocab  # vocab_ids [V_d] sorted target ids -> d2t, t2d
 
     @property
     def vocab_ids(self) -> torch.Tensor:
@@ -218,23 +210,6 @@ class DFlashDrafter(nn.Module):
             tie_word_embeddings=False,
         )
         return d
-
-
-def llama_shape(t) -> dict:
-    """Decoder-layer sizes of a HF target config (hidden size, heads, MLP width, norm eps, RoPE, context)."""
-    n_heads = t.num_attention_heads
-    rope_params = getattr(t, "rope_parameters", None) or {}
-    return {
-        "hidden_size": t.hidden_size,
-        "intermediate_size": t.intermediate_size,
-        "num_attention_heads": n_heads,
-        "num_key_value_heads": getattr(t, "num_key_value_heads", None) or n_heads,
-        "head_dim": getattr(t, "head_dim", None) or t.hidden_size // n_heads,
-        "rms_norm_eps": float(getattr(t, "rms_norm_eps", 1e-6)),
-        "rope_theta": float(rope_params.get("rope_theta", getattr(t, "rope_theta", 10000.0))),
-        "max_position_embeddings": int(t.max_position_embeddings),
-        "hidden_act": getattr(t, "hidden_act", "silu"),
-    }
 
 
 def dflash_config_from_dict(data: dict) -> DFlashConfig:

@@ -65,6 +65,24 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return [min(max(i, 1), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)]
 
 
+def llama_shape(t) -> dict:
+    """Decoder-layer sizes of a HF target config (hidden size, heads, MLP width, norm eps, RoPE theta, context): a
+    draft layer shaped like one target layer."""
+    n_heads = t.num_attention_heads
+    rope = getattr(t, "rope_parameters", None) or {}
+    return {
+        "hidden_size": t.hidden_size,
+        "intermediate_size": t.intermediate_size,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": getattr(t, "num_key_value_heads", None) or n_heads,
+        "head_dim": getattr(t, "head_dim", None) or t.hidden_size // n_heads,
+        "rms_norm_eps": float(getattr(t, "rms_norm_eps", 1e-5)),
+        "rope_theta": float(rope.get("rope_theta", getattr(t, "rope_theta", 10000.0))),
+        "max_position_embeddings": int(t.max_position_embeddings),
+        "hidden_act": getattr(t, "hidden_act", "silu"),
+    }
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -248,10 +266,8 @@ class EagleHead(nn.Module):
         """A new head sized like one target decoder layer. eagle3 needs the sorted target ids of the draft
         vocabulary (draftsmith.vocab.build_vocab_ids on token counts of the training data)."""
         t = target_model.config
-        n_heads = t.num_attention_heads
-        head_dim = getattr(t, "head_dim", None) or t.hidden_size // n_heads
-        rope = getattr(t, "rope_parameters", None) or {}
-        theta = float(rope.get("rope_theta", getattr(t, "rope_theta", 10000.0)))
+        shape = llama_shape(t)
+        shape["intermediate_size"] = intermediate_size or shape["intermediate_size"]
         if kind == "eagle3":
             if draft_vocab_ids is None:
                 draft_vocab_ids = torch.arange(t.vocab_size)
@@ -260,15 +276,7 @@ class EagleHead(nn.Module):
             v_d = t.vocab_size
         c = EagleConfig(
             kind=kind,
-            hidden_size=t.hidden_size,
-            intermediate_size=intermediate_size or t.intermediate_size,
-            num_attention_heads=n_heads,
-            num_key_value_heads=getattr(t, "num_key_value_heads", n_heads),
-            head_dim=head_dim,
-            rms_norm_eps=float(getattr(t, "rms_norm_eps", 1e-5)),
-            rope_theta=theta,
-            max_position_embeddings=int(t.max_position_embeddings),
-            hidden_act=getattr(t, "hidden_act", "silu"),
+            **shape,
             vocab_size=t.vocab_size,
             draft_vocab_size=v_d,
             target_hidden_size=t.hidden_size,
