@@ -30,11 +30,18 @@ HEAD_TYPES = ("medusa", "eagle", "eagle3", "earlyexit", "dflash", "peagle")
 
 
 
-def target_fingerprint(model) -> list[float]:
-    """Cheap statistics of the target's input embeddings: tells two same-shape targets apart (seed, finetune)."""
-    emb = base_decoder(model).embed_tokens.weight.detach()
-    rows = emb[: min(16, emb.shape[0])].float()
+def embedding_fingerprint(emb: torch.Tensor) -> list[float]:
+    """Cheap statistics of input embeddings [V, H]: tell two same-shape targets apart (seed, finetune)."""
+    rows = emb.detach()[: min(16, emb.shape[0])].float()
     return [round(float(rows.mean()), 6), round(float(rows.norm()), 4), round(float(rows[:, 0].sum()), 5)]
+
+
+def fingerprints_match(recorded: list[float], have: list[float]) -> bool:
+    return all(abs(a - b) <= 2e-2 * max(1.0, abs(a)) for a, b in zip(recorded, have))
+
+
+def target_fingerprint(model) -> list[float]:
+    return embedding_fingerprint(base_decoder(model).embed_tokens.weight)
 
 
 def target_info(model) -> dict[str, Any]:
@@ -43,9 +50,13 @@ def target_info(model) -> dict[str, Any]:
     source = getattr(model, "draftsmith_source", None) or {}  # set by draftsmith.models.load_model
     name = source.get("name") or getattr(cfg, "_name_or_path", "") or ""
     hub_id = source.get("hub_id") or (name if name.count("/") == 1 and not Path(name).exists() else None)
+    # the folder the weights were read from (a dequantized GGUF's cache folder included): `name` is only its
+    # basename, which engines reading the export (speculators' verifier) cannot resolve
+    folder = next((Path(c) for c in (source.get("path"), name) if c and (Path(c) / "config.json").is_file()), None)
     return {
         "name_or_path": name,
         "hub_id": hub_id,
+        "path": str(folder.resolve()) if folder else None,
         "architectures": list(getattr(cfg, "architectures", None) or [type(model).__name__]),
         "hidden_size": int(cfg.hidden_size),
         "vocab_size": int(cfg.vocab_size),
@@ -64,9 +75,7 @@ def check_target(recorded: dict[str, Any], model, where: str) -> None:
                 f"has {key}={have[key]}; pass the target the head was trained for"
             )
     fp = recorded.get("fingerprint")
-    if fp is not None and not all(
-        abs(a - b) <= 2e-2 * max(1.0, abs(a)) for a, b in zip(fp, have["fingerprint"])
-    ):
+    if fp is not None and not fingerprints_match(fp, have["fingerprint"]):
         raise DraftsmithError(
             f"{where} was trained for {recorded.get('name_or_path')!r} but the target's weights differ "
             f"(embedding fingerprint {have['fingerprint']} != {fp}); pass the target the head was trained for"

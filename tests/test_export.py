@@ -7,6 +7,7 @@ must reproduce the logits of draftsmith's own head (draftsmith.heads) on the sam
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -230,14 +231,17 @@ def test_speculators_files_config_and_round_trip(target, tmp_path, norm_before_r
     head = _eagle3_head(target, tmp_path / "head", norm_before_residual)
     out = export(tmp_path / "head", "speculators", tmp_path / "spec", speculative_tokens=5)
     cfg, t = read_export(out)
-    assert set(t) == {k.replace("midlayer.", "layers.0.") for k in SGLANG_KEYS}
+    # speculators' own checkpoints carry the target's input embeddings; its loader leaves them NaN otherwise
+    assert set(t) == {k.replace("midlayer.", "layers.0.") for k in SGLANG_KEYS} | {"embed_tokens.weight"}
+    assert torch.equal(t["embed_tokens.weight"], target.model.embed_tokens.weight.detach())
     assert cfg["architectures"] == ["Eagle3Speculator"] and cfg["speculators_model_type"] == "eagle3"
     sc = cfg["speculators_config"]
     assert sc["algorithm"] == "eagle3" and sc["default_proposal_method"] == "greedy"
     assert sc["proposal_methods"] == [
         {"proposal_type": "greedy", "speculative_tokens": 5, "verifier_accept_k": 1, "accept_tolerance": 0.0}
     ]
-    assert sc["verifier"]["name_or_path"] == head.target["name_or_path"]
+    local_folder = str(Path(head.target["name_or_path"]).resolve())
+    assert sc["verifier"]["name_or_path"] == local_folder
     assert sc["verifier"]["architectures"] == ["LlamaForCausalLM"]
     layer = cfg["transformer_layer_config"]
     assert layer["model_type"] == "llama" and layer["num_hidden_layers"] == 1
@@ -326,7 +330,9 @@ def test_engine_weight_loaders_cover_every_parameter(target, tmp_path, fmt, engi
     _eagle3_head(target, tmp_path / "head")
     _, t = read_export(export(tmp_path / "head", fmt, tmp_path / "out"))
     mapped = {(_sglang_param_for if engine == "sglang" else _vllm_param_for)(k) for k in t}
-    assert mapped == ENGINE_PARAMS[engine]  # nothing unknown (silently skipped), nothing left random
+    # vLLM loads embed_tokens when the folder has it (speculators does), else shares the target's
+    want = ENGINE_PARAMS[engine] | ({"model.embed_tokens.weight"} if fmt == "speculators" else set())
+    assert mapped == want  # nothing unknown (silently skipped), nothing left random
 
 
 def test_eagle3_bad_inputs(target, tmp_path):
@@ -473,3 +479,83 @@ def test_out_folder_rules_and_cli(target, tmp_path, capsys):
         main(["export", str(tmp_path / "out"), "--format", "vllm-medusa", "--out", str(tmp_path / "x")]) == 2
     )
     assert "already a 'vllm-medusa' export" in capsys.readouterr().err
+
+
+# ---- what the engines' own loaders need beyond the tensor names ---------------------------------------------------
+
+
+def _head_for_loaded_target(tmp_path, seed=0):
+    """An EAGLE-3 head trained against a target loaded the way draftsmith loads one (models.load_model on a folder),
+    so its config records the target as draftsmith does for a user's local folder."""
+    from draftsmith import models
+    from draftsmith.testing import save_tiny
+
+    folder = save_tiny(tmp_path / "my-target", seed=seed, num_hidden_layers=N_LAYERS)
+    loaded = models.load_model(str(folder), device="cpu")
+    _eagle3_head(loaded, tmp_path / "head")
+    return folder, loaded
+
+
+def test_speculators_verifier_is_a_path_vllm_can_load(tmp_path, capsys):
+    from draftsmith.app.cli import main
+
+    folder, loaded = _head_for_loaded_target(tmp_path)
+    cfg, t = read_export(export(tmp_path / "head", "speculators", tmp_path / "spec"))
+    verifier = cfg["speculators_config"]["verifier"]["name_or_path"]
+    assert verifier == str(folder.resolve()) and (Path(verifier) / "config.json").is_file()  # not "my-target"
+    assert torch.equal(t["embed_tokens.weight"], loaded.model.embed_tokens.weight)
+    # a Hub id given by the user is what a portable folder names; the embeddings still come from the local copy
+    rc = main(
+        ["export", str(tmp_path / "head"), "--format", "speculators", "--out", str(tmp_path / "hub")]
+        + ["--verifier", "someone/my-target"]
+    )
+    assert rc == 0 and "verifier: someone/my-target" in capsys.readouterr().out
+    cfg, t = read_export(tmp_path / "hub")
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "someone/my-target"
+    assert (
+        json.loads((tmp_path / "hub" / "draftsmith_export.json").read_text())["verifier"]
+        == "someone/my-target"
+    )
+
+
+def test_speculators_refuses_a_verifier_it_cannot_name_or_read(tmp_path, capsys):
+    from draftsmith.app.cli import main
+    from draftsmith.testing import save_tiny
+
+    folder, _ = _head_for_loaded_target(tmp_path)
+    moved = tmp_path / "elsewhere"
+    folder.rename(moved)  # the head was copied to another machine: only the basename and a dead path remain
+    rc = main(["export", str(tmp_path / "head"), "--format", "speculators", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and "'my-target'" in err and "--verifier" in err and not (tmp_path / "o").exists()
+    # naming the folder fixes it; another model's folder is refused (its embeddings are not the target's)
+    assert (
+        main(
+            ["export", str(tmp_path / "head"), "--format", "speculators", "--out", str(tmp_path / "o")]
+            + ["--verifier", str(moved)]
+        )
+        == 0
+    )
+    other = save_tiny(tmp_path / "other", seed=1, num_hidden_layers=N_LAYERS)
+    rc = main(
+        ["export", str(tmp_path / "head"), "--format", "speculators", "--out", str(tmp_path / "o2")]
+        + ["--verifier", str(other)]
+    )
+    assert rc == 2 and "differ" in capsys.readouterr().err and not (tmp_path / "o2").exists()
+    rc = main(
+        ["export", str(tmp_path / "head"), "--format", "vllm-medusa", "--out", str(tmp_path / "o3")]
+        + ["--verifier", str(moved)]
+    )
+    assert rc == 2 and "speculators only" in capsys.readouterr().err
+
+
+def test_vllm_medusa_export_says_which_vllm_serves_it(target, tmp_path, capsys):
+    from draftsmith.app.cli import main
+
+    _medusa_head(target, tmp_path / "head")
+    assert (
+        main(["export", str(tmp_path / "head"), "--format", "vllm-medusa", "--out", str(tmp_path / "m")]) == 0
+    )
+    printed = capsys.readouterr().out
+    note = json.loads((tmp_path / "m" / "draftsmith_export.json").read_text())["serve_with"]
+    assert "0.9.0" in note and "0.32" in note and "0.33.0" in note and note in printed

@@ -93,10 +93,13 @@ def test_speculators_peagle_export(tmp_path):
     from draftsmith.testing import tiny_llama
 
     target = tiny_llama(0, num_hidden_layers=5)
+    target.save_pretrained(tmp_path / "target")  # speculators folders carry the target's embeddings, read from here
     for aux, name in (([1, 2, 4], "ok"), ([2, 1, 4], "bad")):
         torch.manual_seed(0)
         e3 = EagleHead.from_target(target, "eagle3", draft_vocab_ids=torch.arange(0, 384, 2), aux_layers=aux)
-        save_head(_named(PEagleHead.from_target_head(e3, mask_token_id=3, num_depths=3)), tmp_path / name)
+        head = _named(PEagleHead.from_target_head(e3, mask_token_id=3, num_depths=3))
+        head.target["path"] = str(tmp_path / "target")
+        save_head(head, tmp_path / name)
     out = export(tmp_path / "ok", "speculators-peagle", tmp_path / "x")
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["speculators_model_type"] == "peagle" and cfg["architectures"] == ["PEagleSpeculator"]
@@ -105,7 +108,8 @@ def test_speculators_peagle_export(tmp_path):
     tensors = load_file(str(out / "model.safetensors"))
     native = load_file(str(tmp_path / "ok" / "model.safetensors"))
     renamed = {("layers.0." + k[9:]) if k.startswith("midlayer.") else k: v for k, v in native.items()}
-    assert set(tensors) == set(renamed) and tensors["mask_hidden"].shape == (1, 1, 192)
+    assert set(tensors) == set(renamed) | {"embed_tokens.weight"} and tensors["mask_hidden"].shape == (1, 1, 192)
+    assert torch.equal(tensors["embed_tokens.weight"], target.model.embed_tokens.weight)
     assert all(torch.equal(tensors[k], renamed[k]) for k in renamed)
     with pytest.raises(DraftsmithError, match="increasing"):  # engines concatenate aux states in layer order
         export(tmp_path / "bad", "speculators-peagle", tmp_path / "y")

@@ -45,12 +45,18 @@ def _write_head(build: Callable[[Checkpoint], tuple[dict, dict]]) -> Callable[[C
         cfg, tensors = build(ckpt)
         (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=False) + "\n")
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        return {"config": cfg.get("architectures")}
+        notes = {"config": cfg.get("architectures")}
+        verifier = (cfg.get("speculators_config") or {}).get("verifier")
+        if verifier:  # the target the engine will load: a Hub id, or a folder on this machine only
+            notes["verifier"] = verifier["name_or_path"]
+        return notes
 
     return write
 
 
-def _writers(speculative_tokens: int) -> dict[str, Callable[[Checkpoint, Path], dict]]:
+def _writers(
+    speculative_tokens: int, verifier: str | None = None
+) -> dict[str, Callable[[Checkpoint, Path], dict]]:
     from draftsmith.app.exporters import block, eagle3, hf, medusa
 
     return {
@@ -59,7 +65,7 @@ def _writers(speculative_tokens: int) -> dict[str, Callable[[Checkpoint, Path], 
         "speculators-dflash": _write_head(block.speculators_dflash),
         "speculators-peagle": _write_head(block.speculators_peagle),
         "sglang-eagle3": _write_head(eagle3.sglang_eagle3),
-        "speculators": _write_head(lambda c: eagle3.speculators_eagle3(c, speculative_tokens)),
+        "speculators": _write_head(lambda c: eagle3.speculators_eagle3(c, speculative_tokens, verifier)),
         "vllm-medusa": _write_head(medusa.vllm_medusa),
     }
 
@@ -70,6 +76,11 @@ AUX_NOTES = {
     "ids (= draftsmith's), which vLLM reads first",
     "speculators": "eagle_aux_hidden_state_layer_ids are vLLM layer-input ids (= draftsmith's, unchanged)",
 }
+SERVE_NOTES = {
+    # checked in the released wheels: vllm/v1/spec_decode/medusa.py first ships in 0.9.0 and is gone from 0.33.0
+    "vllm-medusa": "for vLLM 0.9.0 to 0.32.x: speculative_config={\"method\": \"medusa\", \"model\": DIR, "
+    "\"num_speculative_tokens\": N} (top-1 chain per head); vLLM 0.33.0 and later have no Medusa at all",
+}
 
 
 def export(
@@ -78,8 +89,10 @@ def export(
     out: str | os.PathLike,
     force: bool = False,
     speculative_tokens: int = 3,
+    verifier: str | None = None,
 ) -> Path:
-    """Export `checkpoint` as `fmt` into `out` (written to a temporary sibling, then renamed). Returns out."""
+    """Export `checkpoint` as `fmt` into `out` (written to a temporary sibling, then renamed). Returns out.
+    `verifier`: speculators only, the target's Hub id or folder to name (default: recorded with the head)."""
     if fmt not in FORMATS:
         raise DraftsmithError(f"unknown export format {fmt!r}; choose one of {list(FORMATS)}")
     out = Path(out).expanduser()
@@ -104,7 +117,7 @@ def export(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        notes = _writers(speculative_tokens)[fmt](ckpt, tmp)
+        notes = _writers(speculative_tokens, verifier)[fmt](ckpt, tmp)
         manifest = {
             "format": fmt,
             "source": str(ckpt.path.resolve()),
@@ -115,6 +128,8 @@ def export(
         if fmt in AUX_NOTES:
             manifest["aux_hidden_state_layer_ids_draftsmith"] = ckpt.config["aux_hidden_state_layer_ids"]
             manifest["aux_layer_ids_note"] = AUX_NOTES[fmt]
+        if fmt in SERVE_NOTES:
+            manifest["serve_with"] = SERVE_NOTES[fmt]
         (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         replace_dir(tmp, out)
     except BaseException:
@@ -135,13 +150,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=3,
         help="speculators only: default number of draft tokens vLLM proposes (default 3)",
     )
+    p.add_argument(
+        "--verifier",
+        help="speculators only: the target's Hub id (portable) or folder, as vLLM should load it "
+        "(default: the one recorded with the head)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.verifier and args.fmt != "speculators":
+        raise DraftsmithError(f"--verifier applies to --format speculators only, not {args.fmt}")
     out = export(
-        args.checkpoint, args.fmt, args.out, force=args.force, speculative_tokens=args.speculative_tokens
+        args.checkpoint,
+        args.fmt,
+        args.out,
+        force=args.force,
+        speculative_tokens=args.speculative_tokens,
+        verifier=args.verifier,
     )
     print(f"wrote {args.fmt} export to {out}")
     for name in sorted(os.listdir(out)):
         print(f"  {name}")
+    manifest = json.loads((out / EXPORT_MANIFEST).read_text())
+    for key in ("verifier", "serve_with"):
+        if key in manifest:
+            print(f"{key.replace('_', ' ')}: {manifest[key]}")
     return 0

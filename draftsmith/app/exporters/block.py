@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.app.exporters.eagle3 import DTYPES, check_vocab_map, speculators_eagle3
+from draftsmith.app.exporters.verifier import resolve_verifier
 from draftsmith.checkpoint import (
     Checkpoint,
     TensorInfo,
@@ -29,7 +30,6 @@ from draftsmith.checkpoint import (
     expected_head_tensors,
     target_field,
 )
-from draftsmith.checkpoint import target_hub_id
 from draftsmith.errors import DraftsmithError
 
 KINDS = ("dflash", "peagle")
@@ -118,11 +118,7 @@ def sglang_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
 
 def _verifier(ckpt: Checkpoint) -> dict:
     target = ckpt.config.get("target") or {}
-    name = target_hub_id(target) or target.get("name_or_path")
-    if not name:
-        raise DraftsmithError(
-            f"{ckpt.path}: the config names no target (target.hub_id / name_or_path); re-save it"
-        )
+    name, _ = resolve_verifier(ckpt)  # a Hub id or a folder vLLM can load, never a bare folder name
     return {"name_or_path": name, "architectures": list(target.get("architectures") or [])}
 
 

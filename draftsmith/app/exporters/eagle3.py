@@ -22,20 +22,22 @@ Aux-layer ids (checked in the released sources: sglang 0.5.23 and vllm 0.33.0 wh
 Other silent traps handled here: SGLang ties lm_head to embed_tokens when `tie_word_embeddings` is true (we
 write false); SGLang loads the target's lm_head when `draft_vocab_size` is missing (we always write it); vLLM's
 speculators loader defaults `norm_before_residual` to True (we always write it); SGLang's Eagle-3 layer keeps the
-un-normalised residual, so a head trained with norm_before_residual=true cannot be served by it.
+un-normalised residual, so a head trained with norm_before_residual=true cannot be served by it; the speculators
+library leaves `embed_tokens` unset (NaN) when a checkpoint lacks it and the verifier cannot be loaded, so the
+speculators folder always carries the target's embeddings and names a verifier that resolves (exporters/verifier).
 """
 
 from __future__ import annotations
 
 import torch
 
+from draftsmith.app.exporters.verifier import EMBED, resolve_verifier, target_embeddings
 from draftsmith.checkpoint import (
     Checkpoint,
     TensorInfo,
     check_tensor_set,
     expected_head_tensors,
     target_field,
-    target_hub_id,
 )
 from draftsmith.errors import DraftsmithError
 
@@ -194,17 +196,25 @@ def sglang_eagle3(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
     return cfg, out
 
 
-def speculators_eagle3(ckpt: Checkpoint, speculative_tokens: int = 3) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config.json dict, tensors) in vLLM's speculators format (`vllm serve DIR` or speculative_config model=DIR)."""
-    fields, ids, tensors = _common(ckpt)
-    target = ckpt.config["target"]
-    verifier = target_hub_id(target) or target.get("name_or_path")
-    if not verifier:
-        raise DraftsmithError(
-            f"{ckpt.path}: the head's config names no target (target.hub_id / name_or_path); re-save it"
-        )
+def speculators_eagle3(
+    ckpt: Checkpoint, speculative_tokens: int = 3, verifier: str | None = None
+) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json dict, tensors) in vLLM's speculators format (`vllm serve DIR` or speculative_config model=DIR).
+    `verifier`: the target's Hub id or folder to name in the config (default: the one recorded with the head).
+    The target's input embeddings are written as embed_tokens.weight [V, H] when the head has none (see verifier)."""
     if speculative_tokens < 1:
         raise DraftsmithError(f"speculative_tokens must be >= 1, got {speculative_tokens}")
+    fields, ids, tensors = _common(ckpt)
+    target = ckpt.config["target"]
+    h, ht = ckpt.config["hidden_size"], _target_hidden(ckpt)
+    if h != ht:
+        raise DraftsmithError(
+            f"{ckpt.path}: head hidden size {h} differs from the target's {ht}; speculators requires them equal "
+            "(its loader refuses the verifier otherwise) - export --format sglang-eagle3 instead"
+        )
+    name, local = resolve_verifier(ckpt, verifier)
+    if EMBED not in tensors:
+        tensors[EMBED] = target_embeddings(ckpt, name, local).to(tensors["fc.weight"].dtype)
     layer_cfg = {**fields, "vocab_size": int(tensors["t2d"].numel()), "architectures": ["LlamaForCausalLM"]}
     cfg = {
         "architectures": ["Eagle3Speculator"],
@@ -220,7 +230,7 @@ def speculators_eagle3(ckpt: Checkpoint, speculative_tokens: int = 3) -> tuple[d
                 }
             ],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": list(target.get("architectures") or [])},
+            "verifier": {"name_or_path": name, "architectures": list(target.get("architectures") or [])},
         },
         "transformer_layer_config": layer_cfg,
         "draft_vocab_size": int(tensors["d2t"].numel()),
@@ -241,5 +251,5 @@ def speculators_eagle3(ckpt: Checkpoint, speculative_tokens: int = 3) -> tuple[d
         "draft_vocab_size": cfg["draft_vocab_size"],
         "target_hidden_size": cfg["target_hidden_size"],
     }
-    _check_out(out, "speculators", flat, "layers.0.")
+    _check_out(out, "speculators", flat, "layers.0.")  # embed_tokens.weight is checked as [V, H] here
     return cfg, out

@@ -4,8 +4,10 @@ vLLM (model_executor/models/medusa.py) builds `blocks[h].layers[l]` = Linear(H, 
 as x + SiLU(layer(x)), and one `lm_heads[h]` [V, H] per head (unless `original_lm_head`), over the target's final
 (normed) hidden state; it proposes the top-1 token of each head. Our native names are already these.
 
-Version note: the vllm 0.33.0 wheel (Nov 2026) ships no Medusa model at all; this format is what earlier
-releases load (V1 `{"method": "medusa"}`, mid-2026), so serve it with such a release.
+vLLM versions (checked in the released wheels' file lists): the V1 engine's Medusa proposer
+(vllm/v1/spec_decode/medusa.py, `{"method": "medusa"}`) ships from 0.9.0 through 0.32.0 (Oct 2026), beside the
+model (model_executor/models/medusa.py) and its config class; 0.33.0 (Nov 2026) removed all three, so this folder
+serves with vLLM 0.9.0-0.32.x only (the export's draftsmith_export.json says so under "serve_with").
 
 Traps, from vllm/transformers_utils/configs/medusa.py: `medusa_fc_bias` defaults to False (our blocks have biases,
 which would be skipped silently), and `MedusaConfig.from_pretrained` renames *every* key containing "num" and
