@@ -65,6 +65,8 @@ def stage(
     """Write into `out` exactly what would be uploaded; return the relative paths written."""
     info = describe_folder(checkpoint_dir)
     src: Path = info["path"]
+    if str(info.get("format") or "").startswith("speculators"):
+        _check_portable_verifier(src, repo_id)
     eval_path = Path(eval_json).expanduser() if eval_json else (find_eval(src) if require_results else None)
     if eval_json and not eval_path.is_file():
         raise DraftsmithError(
@@ -105,6 +107,22 @@ def stage(
     (out / "README.md").write_text(card)
     written.append("README.md")
     return written
+
+
+def _check_portable_verifier(src: Path, repo_id: str) -> None:
+    """`vllm serve REPO_ID` loads the target named in the export; a folder of the exporting machine fails anywhere
+    else, so a speculators export must name its target by Hub id before it is published."""
+    from draftsmith.checkpoint import read_json
+
+    cfg = read_json(src / "config.json", "re-run draftsmith export")
+    name = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    try:
+        check_repo_id(str(name))
+    except DraftsmithError:
+        raise DraftsmithError(
+            f"{src} names its target as {name!r}, which only exists on this machine: vllm serve {repo_id} would "
+            "fail anywhere else; re-export with --verifier HUB_ID"
+        ) from None
 
 
 def _scan_for_token(folder: Path, token: str | None) -> None:

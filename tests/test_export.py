@@ -559,3 +559,16 @@ def test_vllm_medusa_export_says_which_vllm_serves_it(target, tmp_path, capsys):
     printed = capsys.readouterr().out
     note = json.loads((tmp_path / "m" / "draftsmith_export.json").read_text())["serve_with"]
     assert "0.9.0" in note and "0.32" in note and "0.33.0" in note and note in printed
+
+
+def test_push_refuses_a_speculators_export_naming_a_local_folder(tmp_path, capsys):
+    from draftsmith.app.cli import main
+
+    _head_for_loaded_target(tmp_path)
+    export(tmp_path / "head", "speculators", tmp_path / "local")
+    export(tmp_path / "head", "speculators", tmp_path / "hub", verifier="someone/my-target")
+    args = ["--no-results", "--dry-run"]
+    assert main(["push", str(tmp_path / "local"), "me/d", *args, str(tmp_path / "s1")]) == 2
+    err = capsys.readouterr().err
+    assert "--verifier HUB_ID" in err and not (tmp_path / "s1").exists()
+    assert main(["push", str(tmp_path / "hub"), "me/d", *args, str(tmp_path / "s2")]) == 0
