@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.app.exporters.eagle3 import DTYPES, check_vocab_map, speculators_eagle3
-from draftsmith.app.exporters.verifier import resolve_verifier
+from draftsmith.app.exporters.verifier import EMBED, resolve_verifier, target_embeddings
 from draftsmith.checkpoint import (
     Checkpoint,
     TensorInfo,
@@ -153,6 +153,11 @@ def speculators_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]
     }
     out = {k: v.contiguous() for k, v in tensors.items()}
     _check(out, cfg, "dflash", f"speculators-dflash export of {ckpt.path}")
+    if EMBED not in out and cfg["hidden_size"] == cfg["target_hidden_size"]:
+        # speculators' DFlash model (DraftVocabMixin) NaN-fills embed_tokens unless the folder carries it
+        name, local = resolve_verifier(ckpt)
+        emb = target_embeddings(ckpt, name, local, shape=(int(cfg["vocab_size"]), int(cfg["hidden_size"])))
+        out[EMBED] = emb.to(tensors["fc.weight"].dtype).contiguous()
     return config, out
 
 

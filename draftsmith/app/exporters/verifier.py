@@ -136,11 +136,19 @@ def _read_local_file(path: Path) -> torch.Tensor:
         return st.get_tensor(_embedding_key(st.keys()))
 
 
-def target_embeddings(ckpt: Checkpoint, verifier: str, local: Path | None) -> torch.Tensor:
-    """The target's input embeddings [V, H], refused unless they match the fingerprint recorded at training."""
+def target_embeddings(
+    ckpt: Checkpoint, verifier: str, local: Path | None, shape: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """The target's input embeddings [V, H], refused unless they have `shape` and match the fingerprint recorded
+    at training."""
     from draftsmith.heads.common import embedding_fingerprint, fingerprints_match
 
     emb = _read_local(local) if local is not None else _read_hub(verifier)
+    if shape is not None and tuple(emb.shape) != tuple(shape):
+        raise DraftsmithError(
+            f"the embeddings of {local or verifier} are {list(emb.shape)}, the draft needs {list(shape)}; "
+            "pass --verifier with the target the head was trained for"
+        )
     target = ckpt.config.get("target") or {}
     recorded = target.get("fingerprint")
     if recorded is not None and not fingerprints_match(recorded, embedding_fingerprint(emb)):
