@@ -572,3 +572,5 @@ def test_push_refuses_a_speculators_export_naming_a_local_folder(tmp_path, capsy
     err = capsys.readouterr().err
     assert "--verifier HUB_ID" in err and not (tmp_path / "s1").exists()
     assert main(["push", str(tmp_path / "hub"), "me/d", *args, str(tmp_path / "s2")]) == 0
+    assert "vllm serve me/d" in (tmp_path / "s2" / "README.md").read_text()
+    assert "(https://huggingface.co/someone/my-target)" in (tmp_path / "s2" / "README.md").read_text()

@@ -20,6 +20,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from draftsmith.app.exporters.verifier import is_hub_id
 from draftsmith.checkpoint import EXPORT_MANIFEST, Checkpoint, read_checkpoint
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import replace_dir
@@ -125,6 +126,8 @@ def export(
             "target": ckpt.target,
             **notes,
         }
+        if is_hub_id(notes.get("verifier")) and not ckpt.target.get("hub_id"):  # model cards link the target
+            manifest["target"] = {**ckpt.target, "hub_id": notes["verifier"]}
         if fmt in AUX_NOTES:
             manifest["aux_hidden_state_layer_ids_draftsmith"] = ckpt.config["aux_hidden_state_layer_ids"]
             manifest["aux_layer_ids_note"] = AUX_NOTES[fmt]

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 EMBED = "embed_tokens.weight"
 
 
-def _is_hub_id(name: str | None) -> bool:
+def is_hub_id(name: str | None) -> bool:
     from draftsmith.hub import check_repo_id
 
     if not name or Path(name).expanduser().exists():
@@ -63,13 +63,13 @@ def resolve_verifier(ckpt: Checkpoint, override: str | None = None) -> tuple[str
             if not (folder / "config.json").is_file():
                 raise DraftsmithError(f"--verifier {override} holds no config.json; pass the target's model folder")
             return str(folder.resolve()), folder.resolve()
-        if not _is_hub_id(override):
+        if not is_hub_id(override):
             raise DraftsmithError(
                 f"--verifier {override} is neither a folder on this machine nor a Hub id (NAMESPACE/NAME)"
             )
         return override, local
     name = target.get("name_or_path")
-    hub_id = target_hub_id(target) or (name if _is_hub_id(name) else None)
+    hub_id = target_hub_id(target) or (name if is_hub_id(name) else None)
     if hub_id:
         return hub_id, local
     if local is not None:
