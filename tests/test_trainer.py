@@ -155,3 +155,102 @@ def test_train_args_validation_and_empty_data(tmp_path):
         run(
             make_accelerator(args, cpu=True), Toy(), loss_fn([]), batches, bad, tmp_path / "f", progress=False
         )
+
+
+def test_live_run_folder_is_locked_naming_its_holder(tmp_path):
+    import os
+    import socket
+
+    out = tmp_path / "run"
+    refused = []
+
+    def fn(model, batch):
+        if not refused:  # while the run lives: a second --resume or --overwrite on its folder
+            for kw in ({"resume": True}, {"overwrite": True}):
+                try:
+                    _run(out, [], **kw)
+                except DraftsmithError as e:
+                    refused.append(str(e))
+        loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
+        return loss, {}
+
+    args = TrainArgs(max_steps=2, save_every=1, log_every=1)
+    run(make_accelerator(args, cpu=True), Toy(), fn, batches, args, out, run_config={"a": 1}, progress=False)
+    assert len(refused) == 2, refused
+    holder = f"pid {os.getpid()} on {socket.gethostname()}"
+    assert all("in use by a live run" in e and holder in e for e in refused)
+    assert [e["step"] for e in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [1, 2]
+    _run(out, [], resume=True, max_steps=3, cfg={"a": 1})  # the lock ends with the run
+
+
+def test_resume_tolerates_a_torn_last_metrics_line(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(Killed):
+        _run(out, [], kill_at=9)
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write('{"event": "train", "step": 5, "lo')  # power loss mid-write
+    _, res, _ = _run(out, [], resume=True)
+    assert res["step"] == 6
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps.count(5) == 1
+    # a broken line that is not the last one is corruption, named as such
+    (out / "metrics.jsonl").write_text('{"step": 1}\n{"st\n{"step": 2}\n')
+    with pytest.raises(DraftsmithError, match="line 2 is not JSON"):
+        _run(out, [], resume=True, max_steps=8, cfg={"a": 1, "train": {"max_steps": 8}})
+
+
+def test_failed_check_before_training_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    args = TrainArgs(max_steps=2)
+    frozen = Toy().requires_grad_(False)
+    with pytest.raises(DraftsmithError, match="nothing to train"):
+        run(make_accelerator(args, cpu=True), frozen, loss_fn([]), batches, args, out, run_config={"a": 1})
+    assert not out.exists()
+
+
+def test_tied_weights_checkpoint_round_trips_without_library_chatter(tmp_path, caplog):
+    import logging
+
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.testing import tiny_llama
+
+    def lm_loss(model, batch):
+        return model(input_ids=batch, labels=batch).loss, {"n_tokens": batch.numel()}
+
+    def data(epoch):
+        g = torch.Generator().manual_seed(epoch)
+        return [torch.randint(3, 300, (2, 12), generator=g) for _ in range(4)]
+
+    def train(out, steps, resume=False):
+        args = TrainArgs(max_steps=steps, save_every=2, log_every=1, lr=1e-2, warmup_steps=0)
+        model = tiny_llama(seed=3, tie_word_embeddings=True).train()
+        res = run(
+            make_accelerator(args, cpu=True), model, lm_loss, data, args, out, resume=resume, progress=False
+        )
+        return model, res
+
+    caplog.set_level(logging.INFO)
+    straight, _ = train(tmp_path / "a", 4)
+    with pytest.raises(Killed):  # a run stopped after its step-2 checkpoint
+        args = TrainArgs(max_steps=4, save_every=2, log_every=1, lr=1e-2, warmup_steps=0)
+        calls = []
+
+        def dying(model, batch):
+            if len(calls) == 2:
+                raise Killed
+            calls.append(1)
+            return lm_loss(model, batch)
+
+        m = tiny_llama(seed=3, tie_word_embeddings=True).train()
+        run(make_accelerator(args, cpu=True), m, dying, data, args, tmp_path / "b", progress=False)
+    resumed, res = train(tmp_path / "b", 4, resume=True)
+    assert res["step"] == 4
+    assert resumed.lm_head.weight is resumed.model.embed_tokens.weight  # still tied after load_state
+    for (n, p), q in zip(straight.named_parameters(), resumed.parameters()):
+        torch.testing.assert_close(p, q, msg=n)
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "b" / "final")
+    assert final.lm_head.weight.data_ptr() == final.model.embed_tokens.weight.data_ptr()
+    torch.testing.assert_close(final.model.embed_tokens.weight, straight.model.embed_tokens.weight)
+    chatter = [r.getMessage() for r in caplog.records if r.name.startswith("accelerate")]
+    assert not [m for m in chatter if "Removed shared tensor" in m or "Model weights saved" in m], chatter
