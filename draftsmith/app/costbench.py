@@ -1,0 +1,436 @@
+"""Hardware cost model, measured: what each part of a speculative step costs on this device at real model sizes,
+and the speedup that acceptance profiles measured elsewhere would reach here.
+
+    python -m draftsmith.app.costbench --shape llama-3.1-8b --out runs/cost.json [--profiles results/profiles/*.json]
+    python -m draftsmith.app.costbench --shape tiny-target --device cpu --out runs/cost-tiny.json     # seconds, CPU
+
+One run measures, on one device:
+1. the target's forward over n = 1, 2, 4, ..., 64 new tokens after a 1k-token KV cache, eager (DynamicCache, the
+   decoder's default) and compiled (StaticCache + torch.compile: the decoder's `compile` path), through
+   `SpeculativeDecoder._forward` (decode.speed.measure_forward_costs);
+2. the per-step cost of each drafter kind at its real size (random weights of the published shapes: a 1B-shaped
+   draft LM, Medusa heads, an EAGLE-3 head, n-gram lookup), through its Proposer: propose + advance with
+   `ACCEPT` tokens accepted, host work included;
+3. plain decoding tokens/s through `SpeculativeDecoder.generate`, eager and compiled;
+4. for each acceptance profile (a `draftsmith eval` eval.json: tau, drafter kind, k, tree options), the speedup
+   tau * t_step / (t_draft_step + t_verify(1 + N)) (Leviathan et al. 2023, Thm 3.8 with measured costs,
+   decode.speed.StepCosts), where t_step is a plain decoder step and the decoder's host work per step
+   (t_step - forward(1)) is added to every verify. The profile's tau was measured on another target: the number
+   says what that acceptance would buy at this target's costs, not what this target would accept.
+Random weights time like trained ones (dense layers do not depend on the values); acceptance does not, which is
+why it comes from profiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftsmith.app.shapes import DRAFT_FOR, SHAPES, n_params, random_causal_lm
+from draftsmith.decode.decoder import SpeculativeDecoder
+from draftsmith.decode.drafters import parse_kv
+from draftsmith.decode.proposer import Proposer
+from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
+from draftsmith.decode.speed import StepCosts, measure_forward_costs
+from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import write_json, write_text
+from draftsmith.sampling import SamplingParams
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+ACCEPT = 2  # draft tokens accepted per measured step (advance work grows with it; 2 is typical of trained drafters)
+MEDUSA_TOP1 = (0.56, 0.32, 0.20, 0.15)  # Medusa paper's per-head top-1 on a 7B: shapes the timed tree only
+EAGLE_DEFAULTS = {"top_k": 8, "depth": 6, "total_tokens": 24}  # EagleProposer's defaults
+
+
+@dataclass
+class BenchArgs:
+    shape: str = "llama-3.1-8b"
+    """Target shape (draftsmith.app.shapes.SHAPES); the draft LM uses DRAFT_FOR[shape]."""
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    context: int = 1024
+    """Tokens in the KV cache before each timed forward / drafting step."""
+    sizes: tuple[int, ...] = SIZES
+    reps: int = 10
+    compile: str = "inductor"
+    """inductor (the decoder's --compile: CUDA graphs where available), a torch.compile backend name (eager,
+    aot_eager: the same code path without code generation, for dry runs), or none."""
+    drafters: tuple[str, ...] = ("draft", "ngram", "medusa", "eagle3")
+    k: int = 4
+    """Draft depth for drafter timings when no profile asks for another."""
+    plain_tokens: int = 64
+    """New tokens per plain-decoding tokens/s measurement."""
+    budget_s: float = 0.0
+    """Stop starting new measurements after this many seconds (0 = no limit); skipped items are listed."""
+    profiles: list[str] = field(default_factory=list)
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.t0, self.seconds, self.skipped = time.perf_counter(), seconds, []
+
+    def ok(self, item: str) -> bool:
+        if self.seconds and time.perf_counter() - self.t0 > self.seconds:
+            self.skipped.append(item)
+            return False
+        return True
+
+
+# -- drafters at real size ------------------------------------------------------------------------------------
+def _draft(target, a: BenchArgs, opts: dict) -> Proposer:
+    model = random_causal_lm(DRAFT_FOR[a.shape], a.device, _dtype(a.dtype), seed=1)
+    return DraftModelProposer(model, target.config.vocab_size)
+
+
+def _ngram(target, a: BenchArgs, opts: dict) -> Proposer:
+    return NGramProposer(max_n=opts.get("max", 3), min_n=opts.get("min", 1))
+
+
+def _medusa(target, a: BenchArgs, opts: dict) -> Proposer:
+    from draftsmith.heads.medusa import MedusaHeads
+    from draftsmith.heads.proposers import MedusaProposer
+    from draftsmith.heads.trees import medusa_tree
+
+    with torch.device(a.device):
+        heads = MedusaHeads.from_target(target, num_heads=len(MEDUSA_TOP1), num_layers=1)
+    heads = heads.to(target.dtype).eval().requires_grad_(False)
+    acc = [[top1 * 0.5**r for r in range(10)] for top1 in MEDUSA_TOP1]
+    paths = medusa_tree(acc, opts.get("total_tokens", 16), opts.get("depth"))
+    return MedusaProposer(heads, target.config.num_hidden_layers, paths)
+
+
+def _eagle3(target, a: BenchArgs, opts: dict) -> Proposer:
+    from draftsmith.heads.eagle import EagleHead, default_aux_layers
+    from draftsmith.heads.proposers import EagleProposer
+
+    v = target.config.vocab_size
+    draft_vocab = torch.arange(min(32000, v))  # EAGLE-3's reduced draft vocabulary size
+    with torch.device(a.device):
+        head = EagleHead.from_target(
+            target,
+            "eagle3",
+            draft_vocab_ids=draft_vocab,
+            aux_layers=default_aux_layers(target.config.num_hidden_layers),
+        )
+    head = head.to(target.dtype).eval().requires_grad_(False)
+    return EagleProposer(head, target, **{**EAGLE_DEFAULTS, **opts})
+
+
+BUILDERS: dict[str, tuple[Callable, dict[str, type]]] = {
+    # kind -> (builder(target, args, opts), the spec options the builder honours)
+    "draft": (_draft, {}),
+    "ngram": (_ngram, {"max": int, "min": int}),
+    "medusa": (_medusa, {"total_tokens": int, "depth": int}),
+    "eagle3": (_eagle3, {"top_k": int, "depth": int, "total_tokens": int}),
+}
+ALIASES = {"eagle": "eagle3"}  # an `eagle:` profile is timed with the EAGLE-3 head (EAGLE-1 is one layer too)
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def time_proposer(
+    proposer: Proposer, target, context: int, k: int, steps: int, accept: int = ACCEPT
+) -> dict[str, float]:
+    """Seconds per drafting step (propose(k) + advance with `accept` nodes of the proposal's deepest path) after a
+    `context`-token prompt, median of `steps` after two warm-ups; and the mean nodes per proposal."""
+    dev = next(target.parameters()).device
+    cfg = target.config
+    gen = torch.Generator().manual_seed(0)
+    # a context that repeats a 64-token pattern: n-gram lookup finds matches (as in code or quoted text); the
+    # other drafters' costs do not depend on the token values
+    pattern = torch.randint(3, cfg.vocab_size, (1, 64), generator=gen)
+    tokens = pattern.repeat(1, context // 64 + 2)[:, : context + 1].to(dev)
+
+    def hid(n: int):  # random target states of the right shape: the drafters' costs do not depend on values
+        states = [torch.randn(1, n, cfg.hidden_size, device=dev, dtype=target.dtype) for _ in layers]
+        return tuple(states) or None
+
+    layers = proposer.hidden_state_layers
+    proposer.begin(tokens, hid(context))
+    params, draft_gen = SamplingParams(), torch.Generator(device=dev).manual_seed(1)
+    times, nodes, committed = [], [], context + 1
+    for s in range(steps + 2):
+        _sync(dev)
+        t0 = time.perf_counter()
+        prop = proposer.propose(k, params, draft_gen)
+        path = _deepest_path(prop.parents)[:accept]
+        committed += len(path) + 1
+        bonus = pattern[:, (committed - 1) % 64].to(dev)[:, None]  # keeps n-gram lookups on the pattern
+        new = torch.cat([prop.tokens[:, path].to(dev), bonus], 1)
+        proposer.advance(path, new, hid(len(path) + 1))
+        _sync(dev)
+        if s >= 2:
+            times.append(time.perf_counter() - t0)
+            nodes.append(prop.num_nodes)
+    return {"step_s": statistics.median(times), "nodes": statistics.mean(nodes)}
+
+
+def _deepest_path(parents: Sequence[int]) -> list[int]:
+    """Root-to-leaf node indices ending at the first deepest node."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    if not depth:
+        return []
+    node, path = depth.index(max(depth)), []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+@torch.inference_mode()
+def plain_step_s(decoder: SpeculativeDecoder, context: int, new_tokens: int, reps: int = 2) -> float:
+    """Seconds per token of plain decoding through the decoder after a `context`-token prompt (prefill excluded:
+    (time - prefill-only time) / (new_tokens - 1)); best of `reps` after one warm-up (which compiles, if any)."""
+    vocab = decoder.config.vocab_size
+    ids = torch.randint(3, vocab, (1, context), generator=torch.Generator().manual_seed(2))
+    decoder.generate(ids, None, max_new_tokens=new_tokens)
+    prefill = min(decoder.generate(ids, None, max_new_tokens=1).time_total for _ in range(reps))
+    full = min(decoder.generate(ids, None, max_new_tokens=new_tokens).time_total for _ in range(reps))
+    return max(full - prefill, 1e-9) / (new_tokens - 1)
+
+
+# -- profiles ---------------------------------------------------------------------------------------------------
+def load_profile(path: str | Path) -> dict:
+    """An eval.json (or its subset: tau, alpha_per_position, conditions.{drafter, drafter_kind, k}) -> profile."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DraftsmithError(
+            f"profile {p}: not a readable eval.json ({e}); pass a `draftsmith eval` output"
+        ) from None
+    cond = data.get("conditions") or {}
+    missing = [k for k in ("tau",) if k not in data] + [k for k in ("drafter_kind", "k") if k not in cond]
+    if missing:
+        raise DraftsmithError(
+            f"profile {p}: missing {', '.join(missing)}; pass a `draftsmith eval` eval.json"
+        )
+    kind = ALIASES.get(cond["drafter_kind"], cond["drafter_kind"])
+    if kind not in BUILDERS:
+        raise DraftsmithError(
+            f"profile {p}: drafter kind {kind!r} has no cost builder; known: {', '.join(BUILDERS)}"
+        )
+    spec_opts = str(cond.get("drafter", "")).partition(":")[2].partition(",")[2]
+    allowed = BUILDERS[kind][1]
+    known = ",".join(o for o in spec_opts.split(",") if o.partition("=")[0] in allowed)
+    return {
+        "name": data.get("name") or p.stem,
+        "kind": kind,
+        "k": int(cond["k"]),
+        "opts": parse_kv(known, allowed, kind),
+        "tau": float(data["tau"]),
+        "alpha_per_position": data.get("alpha_per_position"),
+        "measured_speedup": data.get("speedup"),
+        "measured_on": {key: cond.get(key) for key in ("target", "device", "dtype", "hardware", "date")},
+        "source": data.get("source", str(p)),
+    }
+
+
+def predict(profile: dict, forward_s: dict[int, float], step_s: float, draft: dict) -> dict:
+    """Speedup of `profile` at these costs: forward_s {n: s} (target forward over n new tokens), step_s (a plain
+    decoder step), draft {"step_s", "nodes"} (the drafter at the profile's k)."""
+    host = max(step_s - forward_s[1], 0.0)
+    nodes = max(float(draft["nodes"]), 1e-9)
+    if 1 + nodes > max(forward_s):  # no extrapolation: a forward's cost is not linear in its length
+        return {
+            "speedup": None,
+            "note": f"verify of {1 + nodes:g} tokens exceeds the measured n <= {max(forward_s)}",
+        }
+    costs = StepCosts(
+        step_s=step_s,
+        verify_s={float(n): s + host for n, s in forward_s.items() if n > 1},
+        draft_s=draft["step_s"] / nodes,
+        drafted_per_step=nodes,
+    )
+    return {
+        "speedup": costs.speedup(profile["tau"], nodes),
+        "break_even_tau": costs.break_even_tau(nodes),
+        "verify_over_step": costs.verify(1 + nodes) / step_s,
+        "draft_over_step": draft["step_s"] / step_s,
+    }
+
+
+# -- the run ----------------------------------------------------------------------------------------------------
+def run(a: BenchArgs, progress: Callable[[str], None] = print) -> dict:
+    """All measurements of one run -> the result dict (see the module docstring)."""
+    if a.shape not in SHAPES or a.shape not in DRAFT_FOR:
+        raise DraftsmithError(f"unknown target shape {a.shape!r}; use one of {', '.join(DRAFT_FOR)}")
+    profiles = [load_profile(p) for p in a.profiles]  # bad input fails before any compute
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DraftsmithError(
+            "--device cuda but CUDA is not available; pass --device cpu (with a tiny shape)"
+        )
+    budget = Budget(a.budget_s)
+    dtype = _dtype(a.dtype)
+    t0 = time.perf_counter()
+    target = random_causal_lm(a.shape, device, dtype)
+    out: dict = {
+        "args": asdict(a),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "target": {"shape": a.shape, "params": n_params(target), "build_s": time.perf_counter() - t0},
+        "forward_s": {},
+        "plain_step_s": {},
+        "drafters": {},
+        "profiles": [],
+    }
+    progress(f"target {a.shape}: {out['target']['params'] / 1e9:.2f}B params on {out['device']}")
+    modes = {"eager": False}
+    if a.compile != "none":
+        modes["compiled"] = True if a.compile == "inductor" else a.compile
+    for mode, flag in modes.items():
+        if not budget.ok(f"forward/{mode}"):
+            continue
+        dec = SpeculativeDecoder(target, eos_ids=set(), compile=flag)
+        # cudagraph trees record on the 2nd call of a shape and replay from the 3rd: warm up past both
+        fw = measure_forward_costs(target, a.sizes, a.context, a.reps, decoder=dec, warmup=3 if flag else 1)
+        out["forward_s"][mode] = {str(n): s for n, s in fw.items()}
+        progress(f"forward {mode}: " + ", ".join(f"n={n} {s * 1e3:.2f} ms" for n, s in fw.items()))
+        if budget.ok(f"plain/{mode}"):
+            out["plain_step_s"][mode] = plain_step_s(dec, a.context, a.plain_tokens)
+            progress(f"plain decoding {mode}: {1 / out['plain_step_s'][mode]:.1f} tokens/s")
+    needs = {(kind, a.k, ()) for kind in a.drafters} | {
+        (p["kind"], p["k"], tuple(sorted(p["opts"].items()))) for p in profiles
+    }
+    built: dict[tuple, Proposer] = {}
+    for kind, k, opts in sorted(needs):
+        key = f"{kind}" + "".join(f",{o}={v}" for o, v in opts) + f"@k={k}"
+        if not budget.ok(f"drafter/{key}"):
+            continue
+        if (kind, opts) not in built:
+            built[(kind, opts)] = BUILDERS[kind][0](target, a, dict(opts))
+        res = time_proposer(built[(kind, opts)], target, a.context, k, steps=a.reps)
+        out["drafters"][key] = res
+        progress(f"drafter {key}: {res['step_s'] * 1e3:.2f} ms/step, {res['nodes']:.1f} nodes")
+    for p in profiles:
+        key = p["kind"] + "".join(f",{o}={v}" for o, v in sorted(p["opts"].items())) + f"@k={p['k']}"
+        row = {
+            key2: p[key2] for key2 in ("name", "kind", "k", "opts", "tau", "measured_speedup", "measured_on")
+        }
+        for mode in out["forward_s"]:
+            if key in out["drafters"] and mode in out["plain_step_s"]:
+                fw = {int(n): s for n, s in out["forward_s"][mode].items()}
+                row[mode] = predict(p, fw, out["plain_step_s"][mode], out["drafters"][key])
+        out["profiles"].append(row)
+    out["skipped"] = budget.skipped
+    out["elapsed_s"] = time.perf_counter() - t0
+    return out
+
+
+def markdown(res: dict) -> str:
+    """The result as Markdown tables (what gpu_check's report shows)."""
+    ms = 1e3
+    lines = [
+        f"Target `{res['target']['shape']}` ({res['target']['params'] / 1e9:.2f}B params, random weights) on "
+        f"{res['device']}, {res['args']['dtype']}, KV cache {res['args']['context']} tokens, torch {res['torch']}, "
+        f"compile = {res['args']['compile']}.",
+        "",
+        "| new tokens n | " + " | ".join(f"{m} ms" for m in res["forward_s"]) + " |",
+        "|---|" + "---|" * len(res["forward_s"]),
+    ]
+    for n in res["args"]["sizes"]:
+        cells = [f"{res['forward_s'][m].get(str(n), float('nan')) * ms:.2f}" for m in res["forward_s"]]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines += ["", "| plain decoding | tokens/s |", "|---|---|"]
+    lines += [f"| {m} | {1 / s:.1f} |" for m, s in res["plain_step_s"].items()]
+    lines += ["", "| drafter (sized for this target) | ms per step | nodes per step |", "|---|---|---|"]
+    lines += [f"| {k} | {v['step_s'] * ms:.2f} | {v['nodes']:.1f} |" for k, v in res["drafters"].items()]
+    if res["profiles"]:
+        lines += [
+            "",
+            "Predicted speedup for acceptance profiles measured elsewhere (tau from the profile; every cost from "
+            "this run):",
+            "",
+            "| profile | kind, k | tau | measured speedup there | predicted here, eager | predicted here, compiled |",
+            "|---|---|---|---|---|---|",
+        ]
+        for p in res["profiles"]:
+            pred = [
+                f"{p[m]['speedup']:.2f}x" if (p.get(m) or {}).get("speedup") else "-"
+                for m in ("eager", "compiled")
+            ]
+            there = f"{p['measured_speedup']:.2f}x" if p.get("measured_speedup") else "-"
+            lines.append(
+                f"| {p['name']} | {p['kind']}, {p['k']} | {p['tau']:.2f} | {there} | {pred[0]} | {pred[1]} |"
+            )
+    if res.get("skipped"):
+        lines += ["", f"Skipped (time budget): {', '.join(res['skipped'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m draftsmith.app.costbench", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("--out", required=True, help="result JSON (a Markdown twin is written beside it)")
+    ap.add_argument("--shape", default=BenchArgs.shape, choices=sorted(DRAFT_FOR))
+    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    ap.add_argument(
+        "--dtype", default=None, choices=["bfloat16", "float16", "float32"], help="default: bf16 on CUDA"
+    )
+    ap.add_argument("--context", type=int, default=BenchArgs.context)
+    ap.add_argument("--reps", type=int, default=BenchArgs.reps)
+    ap.add_argument("--compile", default=BenchArgs.compile, help="inductor | eager | aot_eager | none")
+    ap.add_argument("--k", type=int, default=BenchArgs.k)
+    ap.add_argument("--budget-s", type=float, default=0.0)
+    ap.add_argument(
+        "--profiles", nargs="*", default=[], help="draftsmith eval.json files (acceptance profiles)"
+    )
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    try:
+        if out.exists():
+            raise DraftsmithError(f"{out} exists; pass a new --out path (results are never overwritten)")
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+        if args.context < 1 or args.reps < 1 or args.k < 1:
+            raise DraftsmithError("--context, --reps and --k must be >= 1")
+        res = run(
+            BenchArgs(
+                shape=args.shape,
+                device=device,
+                dtype=dtype,
+                context=args.context,
+                reps=args.reps,
+                compile=args.compile,
+                k=args.k,
+                budget_s=args.budget_s,
+                profiles=list(args.profiles),
+            )
+        )
+    except DraftsmithError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    write_result(out, res, markdown(res))
+    return 0
+
+
+def write_result(out: Path, res: dict, md: str) -> None:
+    """A benchmark's JSON at `out` and its Markdown twin beside it (atomic writes)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, res)
+    write_text(out.with_suffix(".md"), md)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

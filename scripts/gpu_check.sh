@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU path in one prepared run (~8 min on one H200): gpu-marked tests, the hardware cost model, training
+# throughput; one report, OUT_DIR/gpu_check.json + gpu_check.md (see GPU.md).
+#
+#   bash scripts/gpu_check.sh OUT_DIR            # a CUDA machine (offline is fine: wheels from .whl/, see below)
+#   bash scripts/gpu_check.sh OUT_DIR --dry      # any machine: tiny shapes on the CPU, proves every phase starts
+#
+# Offline machines: run `bash scripts/gpu_wheels.sh` where pip can reach PyPI, bring .whl/ along; this script
+# installs those wheels and draftsmith itself into a temporary folder with pip --no-index (nothing is fetched).
+# Time limits (seconds, override by environment): PYTEST_S=180 BENCH_S=290; the benchmarks also stop starting new
+# measurements when their own budget runs out, and the report is rewritten after every phase.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-}
+MODE=${2:-}
+if [ -z "$OUT" ] || { [ -n "$MODE" ] && [ "$MODE" != "--dry" ]; }; then
+  echo "error: usage: bash scripts/gpu_check.sh OUT_DIR [--dry]" >&2
+  exit 2
+fi
+if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
+  echo "error: $OUT exists and is not empty; pass a new folder (reports are never overwritten)" >&2
+  exit 2
+fi
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
+elif [ "$MODE" = "--dry" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python
+else PY=python3; fi
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+log() { echo "[gpu_check $(date +%H:%M:%S)] $*"; }
+
+# 1. what the machine lacks, from local wheels only
+if ! "$PY" -c "import datasets, gguf, draftsmith.app.gpucheck" >/dev/null 2>&1; then
+  SITE=$(mktemp -d)/site
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    log "installing $(ls .whl/*.whl | wc -l) wheels from .whl/ (no index)"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl >"$OUT/install.log" 2>&1 \
+      || log "wheel install failed (see install.log); continuing"
+  fi
+  log "installing draftsmith from this checkout (no index, no dependencies)"
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" . \
+    >>"$OUT/install.log" 2>&1 || { log "error: draftsmith did not install (see $OUT/install.log)"; exit 2; }
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+"$PY" -c "import datasets, gguf" >/dev/null 2>&1 || log "note: datasets/gguf missing (bring .whl/: scripts/gpu_wheels.sh)"
+
+# 2. gpu-marked tests (the dry run collects them from the GPU test module only: they skip without CUDA)
+TESTS=tests
+[ "$MODE" = "--dry" ] && TESTS=tests/test_gpu.py
+log "pytest -m gpu $TESTS"
+timeout "${PYTEST_S:-180}" "$PY" -m pytest -m gpu -q -p no:cacheprovider "$TESTS" \
+  --junitxml "$OUT/pytest-gpu.xml" >"$OUT/pytest-gpu.log" 2>&1
+PYTEST_RC=$?
+tail -n 3 "$OUT/pytest-gpu.log"
+
+# 3. cost model + training throughput + the report
+PROFILES=$(ls results/profiles/*.json 2>/dev/null || true)
+log "benchmarks and report"
+timeout "${BENCH_S:-290}" "$PY" -m draftsmith.app.gpucheck "$OUT" ${MODE:+--dry} --pytest-rc "$PYTEST_RC" \
+  --budget-s "$(( ${BENCH_S:-290} - 30 ))" ${PROFILES:+--profiles $PROFILES} 2>&1 | tee "$OUT/bench.log"
+RC=${PIPESTATUS[0]}
+if [ ! -s "$OUT/gpu_check.json" ]; then  # the benchmark process died before its first report
+  printf '{"mode": "%s", "pytest_rc": %s, "errors": {"bench": {"error": "benchmark process exited %s before writing a report; see bench.log"}}}\n' \
+    "${MODE:-gpu}" "$PYTEST_RC" "$RC" >"$OUT/gpu_check.json"
+  printf '# draftsmith GPU check\n\nThe benchmark process exited %s before writing a report; see bench.log.\n' "$RC" >"$OUT/gpu_check.md"
+fi
+log "report: $OUT/gpu_check.md (pytest exit $PYTEST_RC, benchmarks exit $RC)"
+[ "$PYTEST_RC" -eq 0 ] || [ "$PYTEST_RC" -eq 5 ] || exit 1
+exit "$RC"
