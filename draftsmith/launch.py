@@ -75,4 +75,16 @@ def train_main(
         return e.exit_code
     if accelerator.is_main_process:
         print(summary(cfg, result))
+    _close_process_group()
     return 0
+
+
+def _close_process_group() -> None:
+    """Leave the process group before exiting: a rank that exits with gloo / DeepSpeed communication threads still
+    running can abort at interpreter shutdown ("terminate called without an active exception", status -6) after
+    a run that has finished and written everything."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -182,16 +182,30 @@ def check_final_is_plain_hf(out: Path, ref: Path) -> None:
 def test_distill_engine_matches_one_process(engine, tiny_dirs, gen_dir, tmp_path):
     _needs(engine)
     ref, out = tmp_path / "one", tmp_path / engine
-    one_process("distill", distill_args(tiny_dirs, gen_dir, ref, 3))
-    proc = launch(engine, "distill", distill_args(tiny_dirs, gen_dir, out, 3))
-    assert "done: step 3" in proc.stdout and proc.stdout.count("done:") == 1  # the main process reports
+    one_process("distill", distill_args(tiny_dirs, gen_dir, ref, 4))
+    proc = launch(engine, "distill", distill_args(tiny_dirs, gen_dir, out, 4))
+    assert "done: step 4" in proc.stdout and proc.stdout.count("done:") == 1  # the main process reports
     assert "Model weights saved" not in proc.stdout + proc.stderr  # accelerate's chatter stays out (no -v)
     ours, theirs = train_losses(out), train_losses(ref)
-    assert list(ours) == [1, 2, 3]
+    assert list(ours) == [1, 2, 3, 4]
     for step in ours:
         assert ours[step] == pytest.approx(theirs[step], rel=1e-4), (step, ours, theirs)
-    assert (out / "checkpoints" / "step-0000002" / "trainer_state.json").is_file()
+    assert (out / "checkpoints" / "step-0000004" / "trainer_state.json").is_file()
     check_final_is_plain_hf(out, ref)
+    if (
+        engine == "zero3"
+    ):  # final/ (gathered by GatheredParameters) == DeepSpeed's own consolidation of the shards
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        shards = get_fp32_state_dict_from_zero_checkpoint(
+            str(out / "checkpoints" / "step-0000004"), tag="pytorch_model"
+        )
+        final = load_file(str(out / "final" / "model.safetensors"))
+        assert {k.removeprefix("model.") for k in shards} == set(
+            final
+        )  # DraftLM wraps the HF model as .model
+        for k, v in shards.items():
+            assert (v == final[k.removeprefix("model.")]).all(), k
 
 
 @pytest.mark.parametrize("engine,kind", [("fsdp", "eagle3"), ("fsdp", "medusa2"), ("zero3", "medusa2")])
