@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCEL = ROOT / "recipes" / "accelerate"
+TRAINERS = ("distill", "eagle3", "medusa2")
 CONFIGS = {
     "ddp": "cpu_2proc.yaml",
     "fsdp": "cpu_fsdp_2proc.yaml",
@@ -69,7 +70,12 @@ def trainer_args(trainer: str, target: str, gen: str, out: Path, steps: int) -> 
     common = [f"model.target={target}", f"data.source={gen}", "data.eval_size=2", "data.max_length=48"]
     common += ["train.batch_size=2", f"train.max_steps={steps}", "train.save_every=2", "train.log_every=1"]
     # constant LR: the stopped run (max_steps=2) and its resumption (max_steps=4) share one schedule
-    common += ["train.warmup_steps=0", "train.schedule=constant", "train.mixed_precision=no", f"output_dir={out}"]
+    common += [
+        "train.warmup_steps=0",
+        "train.schedule=constant",
+        "train.mixed_precision=no",
+        f"output_dir={out}",
+    ]
     if trainer == "distill":
         recipe = ROOT / "recipes" / "smollm2-135m-quickstart.yaml"
         extra = ["data.limit=null", "data.cache_target_topk=0", "model.layers=[0]", "model.vocab_size=64"]
@@ -103,7 +109,7 @@ def matrix(root: Path) -> list[str]:
         "| engine | trainer | runs | resumes (stop at 2, --resume to 4) | matches 1-process loss (rtol 1e-4) | final/ loads |",
         "|---|---|---|---|---|---|",
     ]
-    for trainer in ("distill", "eagle3", "medusa2"):
+    for trainer in TRAINERS:
         script, ref_args = trainer_args(trainer, target, gen, root / f"{trainer}-one", 4)
         ref = launch(None, script, ref_args + ["train.grad_accum=2"], 2)
         assert ref.returncode == 0, ref.stderr[-2000:]
@@ -181,10 +187,10 @@ def main() -> None:
     )
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=ROOT / "runs") as tmp:
+        if a.part in ("speed", "both"):
+            print("\n".join(speed(Path(tmp), a.steps)), flush=True)
         if a.part in ("matrix", "both"):
             print("\n".join(matrix(Path(tmp))))
-        if a.part in ("speed", "both"):
-            print("\n".join(speed(Path(tmp), a.steps)))
 
 
 if __name__ == "__main__":
