@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
 LOCK_FILE = ".lock"
 # keys a resumed run may change without being "another run"
-RESUMABLE_CHANGES = {"max_steps", "log_every", "eval_every", "save_every", "keep_checkpoints"}
+# (num_workers: a removed train key that run.yaml files written before still hold)
+RESUMABLE_CHANGES = {"max_steps", "log_every", "eval_every", "save_every", "keep_checkpoints", "num_workers"}
 
 
 def _strip_resumable(cfg: Any) -> Any:

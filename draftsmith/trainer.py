@@ -130,19 +130,26 @@ class TrainArgs:
 
 @contextlib.contextmanager
 def quiet_library_logs() -> Iterator[None]:
-    """Raise accelerate's loggers to ERROR inside the block unless draftsmith logs at DEBUG (-v)."""
+    """Raise accelerate's loggers to ERROR and hide transformers' progress bars inside the block unless
+    draftsmith logs at DEBUG (-v)."""
     if logging.getLogger("draftsmith").isEnabledFor(logging.DEBUG):
         yield
         return
+    from transformers.utils import logging as hf_logging
+
     loggers = [logging.getLogger(n) for n in LIBRARY_LOGGERS]
     levels = [lg.level for lg in loggers]
+    bars = hf_logging.is_progress_bar_enabled()  # "Writing model shards" from save_pretrained
     for lg in loggers:
         lg.setLevel(logging.ERROR)
+    hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _scheduler_state(scheduler) -> dict:

@@ -254,3 +254,13 @@ def test_tied_weights_checkpoint_round_trips_without_library_chatter(tmp_path, c
     torch.testing.assert_close(final.model.embed_tokens.weight, straight.model.embed_tokens.weight)
     chatter = [r.getMessage() for r in caplog.records if r.name.startswith("accelerate")]
     assert not [m for m in chatter if "Removed shared tensor" in m or "Model weights saved" in m], chatter
+
+
+def test_num_workers_is_not_a_train_key():
+    # it was validated and never used (batches are built in-process); run folders that recorded it still resume
+    from draftsmith.config import load_config
+    from draftsmith.rundir import RESUMABLE_CHANGES
+
+    with pytest.raises(DraftsmithError, match="num_workers"):
+        load_config(TrainArgs, None, ["num_workers=2"])
+    assert "num_workers" in RESUMABLE_CHANGES
