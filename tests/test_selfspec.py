@@ -228,7 +228,7 @@ def test_adapter_training_leaves_the_target_unchanged_and_decodes(tiny_dirs, gen
     from draftsmith.trainer import make_accelerator
 
     cfg = load_config(HeadsConfig, None, [
-        f"model.target={tiny_dirs['target']}", f"data.generated={generated}", "head.kind=earlyexit",
+        f"model.target={tiny_dirs['target']}", f"data.source={generated}", "data.eval_size=1", "head.kind=earlyexit",
         "head.exit_layer=1", "head.draft_vocab_size=200", "train.batch_size=4", "train.max_steps=3", "train.lr=1e-2",
         "data.max_length=120", "eval.depth=3", "data.hidden_states=hybrid", f"output_dir={tmp_path / 'run'}",
     ])  # fmt: skip
