@@ -7,7 +7,7 @@
 #
 # Offline machines: run `bash scripts/gpu_wheels.sh` where pip can reach PyPI, bring .whl/ along; this script
 # installs those wheels and draftsmith itself into a temporary folder with pip --no-index (nothing is fetched).
-# Time limits (seconds, override by environment): PYTEST_S=180 BENCH_S=290; the benchmarks also stop starting new
+# Time limits (seconds, override by environment): PYTEST_S=200 BENCH_S=250; the benchmarks also stop starting new
 # measurements when their own budget runs out, and the report is rewritten after every phase.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +47,7 @@ fi
 TESTS=tests
 [ "$MODE" = "--dry" ] && TESTS=tests/test_gpu.py
 log "pytest -m gpu $TESTS"
-timeout "${PYTEST_S:-180}" "$PY" -m pytest -m gpu -q -p no:cacheprovider "$TESTS" \
+timeout "${PYTEST_S:-200}" "$PY" -m pytest -m gpu -q -p no:cacheprovider "$TESTS" \
   --junitxml "$OUT/pytest-gpu.xml" >"$OUT/pytest-gpu.log" 2>&1
 PYTEST_RC=$?
 tail -n 3 "$OUT/pytest-gpu.log"
@@ -55,8 +55,8 @@ tail -n 3 "$OUT/pytest-gpu.log"
 # 3. cost model + training throughput + the report
 PROFILES=$(ls results/profiles/*.json 2>/dev/null || true)
 log "benchmarks and report"
-timeout "${BENCH_S:-290}" "$PY" -m draftsmith.app.gpucheck "$OUT" ${MODE:+--dry} --pytest-rc "$PYTEST_RC" \
-  --budget-s "$(( ${BENCH_S:-290} - 30 ))" ${PROFILES:+--profiles $PROFILES} 2>&1 | tee "$OUT/bench.log"
+timeout "${BENCH_S:-250}" "$PY" -m draftsmith.app.gpucheck "$OUT" ${MODE:+--dry} --pytest-rc "$PYTEST_RC" \
+  --budget-s "$(( ${BENCH_S:-250} - 30 ))" ${PROFILES:+--profiles $PROFILES} 2>&1 | tee "$OUT/bench.log"
 RC=${PIPESTATUS[0]}
 if [ ! -s "$OUT/gpu_check.json" ]; then  # the benchmark process died before its first report
   printf '{"mode": "%s", "pytest_rc": %s, "errors": {"bench": {"error": "benchmark process exited %s before writing a report; see bench.log"}}}\n' \

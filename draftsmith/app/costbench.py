@@ -66,6 +66,8 @@ class BenchArgs:
     drafters: tuple[str, ...] = ("draft", "ngram", "medusa", "eagle3")
     k: int = 4
     """Draft depth for drafter timings when no profile asks for another."""
+    eagle_draft_vocab: int = 32000
+    """EAGLE-3 reduced draft vocabulary (32k as published for Llama-3.1-8B; the smollm2 profiles used 8192)."""
     plain_tokens: int = 64
     """New tokens per plain-decoding tokens/s measurement."""
     budget_s: float = 0.0
@@ -112,7 +114,7 @@ def _eagle3(target, a: BenchArgs, opts: dict) -> Proposer:
     from draftsmith.heads.proposers import EagleProposer
 
     v = target.config.vocab_size
-    draft_vocab = torch.arange(min(32000, v))  # EAGLE-3's reduced draft vocabulary size
+    draft_vocab = torch.arange(min(a.eagle_draft_vocab, v))
     with torch.device(a.device):
         head = EagleHead.from_target(
             target,
@@ -197,14 +199,13 @@ def _deepest_path(parents: Sequence[int]) -> list[int]:
 
 @torch.inference_mode()
 def plain_step_s(decoder: SpeculativeDecoder, context: int, new_tokens: int, reps: int = 2) -> float:
-    """Seconds per token of plain decoding through the decoder after a `context`-token prompt (prefill excluded:
-    (time - prefill-only time) / (new_tokens - 1)); best of `reps` after one warm-up (which compiles, if any)."""
+    """Seconds per token of plain decoding through the decoder after a `context`-token prompt, prefill excluded
+    (GenerationResult.time_prefill); best of `reps` after one warm-up (which compiles, if any)."""
     vocab = decoder.config.vocab_size
     ids = torch.randint(3, vocab, (1, context), generator=torch.Generator().manual_seed(2))
     decoder.generate(ids, None, max_new_tokens=new_tokens)
-    prefill = min(decoder.generate(ids, None, max_new_tokens=1).time_total for _ in range(reps))
-    full = min(decoder.generate(ids, None, max_new_tokens=new_tokens).time_total for _ in range(reps))
-    return max(full - prefill, 1e-9) / (new_tokens - 1)
+    runs = [decoder.generate(ids, None, max_new_tokens=new_tokens) for _ in range(reps)]
+    return min((r.time_total - r.time_prefill) / (len(r.tokens) - 1) for r in runs)
 
 
 # -- profiles ---------------------------------------------------------------------------------------------------
@@ -228,11 +229,12 @@ def load_profile(path: str | Path) -> dict:
         raise DraftsmithError(
             f"profile {p}: drafter kind {kind!r} has no cost builder; known: {', '.join(BUILDERS)}"
         )
-    spec_opts = str(cond.get("drafter", "")).partition(":")[2].partition(",")[2]
+    # the spec's key=value options this kind's cost builder honours (a leading folder, `ngram:` has none, is skipped)
+    spec_arg = str(cond.get("drafter", "")).partition(":")[2]
     allowed = BUILDERS[kind][1]
-    known = ",".join(o for o in spec_opts.split(",") if o.partition("=")[0] in allowed)
+    known = ",".join(o for o in spec_arg.split(",") if "=" in o and o.partition("=")[0] in allowed)
     return {
-        "name": data.get("name") or p.stem,
+        "name": data.get("name") or (p.parent.name if p.stem == "eval" else p.stem),
         "kind": kind,
         "k": int(cond["k"]),
         "opts": parse_kv(known, allowed, kind),
@@ -269,8 +271,20 @@ def predict(profile: dict, forward_s: dict[int, float], step_s: float, draft: di
 
 
 # -- the run ----------------------------------------------------------------------------------------------------
-def run(a: BenchArgs, progress: Callable[[str], None] = print) -> dict:
-    """All measurements of one run -> the result dict (see the module docstring)."""
+def run(
+    a: BenchArgs,
+    progress: Callable[[str], None] = print,
+    *,
+    modes: Sequence[str] = ("eager", "compiled"),
+    prior: dict | None = None,
+    on_update: Callable[[dict], None] | None = None,
+) -> dict:
+    """All measurements of one run -> the result dict (see the module docstring).
+
+    modes: which target paths to time ("compiled" only if a.compile != "none"). prior: an earlier result of the same
+    target shape and device to extend (its drafter timings are reused, not redone): gpu_check times the eager path
+    and the drafters first, trains, and only then spends the compile time. on_update(result) runs after every item,
+    so a caller can keep partial results of a run that is cut short."""
     if a.shape not in SHAPES or a.shape not in DRAFT_FOR:
         raise DraftsmithError(f"unknown target shape {a.shape!r}; use one of {', '.join(DRAFT_FOR)}")
     profiles = [load_profile(p) for p in a.profiles]  # bad input fails before any compute
@@ -280,9 +294,8 @@ def run(a: BenchArgs, progress: Callable[[str], None] = print) -> dict:
             "--device cuda but CUDA is not available; pass --device cpu (with a tiny shape)"
         )
     budget = Budget(a.budget_s)
-    dtype = _dtype(a.dtype)
     t0 = time.perf_counter()
-    target = random_causal_lm(a.shape, device, dtype)
+    target = random_causal_lm(a.shape, device, _dtype(a.dtype))
     out: dict = {
         "args": asdict(a),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -291,47 +304,67 @@ def run(a: BenchArgs, progress: Callable[[str], None] = print) -> dict:
         "forward_s": {},
         "plain_step_s": {},
         "drafters": {},
-        "profiles": [],
+        "skipped": [],
     }
+    for key in ("forward_s", "plain_step_s", "drafters", "skipped"):
+        out[key] = {**(prior or {}).get(key, {})} if key != "skipped" else list((prior or {}).get(key, []))
+    update = on_update or (lambda res: None)
     progress(f"target {a.shape}: {out['target']['params'] / 1e9:.2f}B params on {out['device']}")
-    modes = {"eager": False}
-    if a.compile != "none":
-        modes["compiled"] = True if a.compile == "inductor" else a.compile
-    for mode, flag in modes.items():
-        if not budget.ok(f"forward/{mode}"):
+    flags = {
+        "eager": False,
+        "compiled": None if a.compile == "none" else (a.compile == "inductor" or a.compile),
+    }
+    for mode in modes:
+        if flags[mode] is None or not budget.ok(f"forward/{mode}"):
             continue
-        dec = SpeculativeDecoder(target, eos_ids=set(), compile=flag)
+        dec = SpeculativeDecoder(target, eos_ids=set(), compile=flags[mode])
         # cudagraph trees record on the 2nd call of a shape and replay from the 3rd: warm up past both
-        fw = measure_forward_costs(target, a.sizes, a.context, a.reps, decoder=dec, warmup=3 if flag else 1)
+        fw = measure_forward_costs(
+            target, a.sizes, a.context, a.reps, decoder=dec, warmup=3 if flags[mode] else 1
+        )
         out["forward_s"][mode] = {str(n): s for n, s in fw.items()}
         progress(f"forward {mode}: " + ", ".join(f"n={n} {s * 1e3:.2f} ms" for n, s in fw.items()))
+        update(_with_predictions(out, profiles, budget, t0))
         if budget.ok(f"plain/{mode}"):
             out["plain_step_s"][mode] = plain_step_s(dec, a.context, a.plain_tokens)
             progress(f"plain decoding {mode}: {1 / out['plain_step_s'][mode]:.1f} tokens/s")
-    needs = {(kind, a.k, ()) for kind in a.drafters} | {
-        (p["kind"], p["k"], tuple(sorted(p["opts"].items()))) for p in profiles
-    }
+            update(_with_predictions(out, profiles, budget, t0))
+    needs = {(kind, a.k, ()) for kind in a.drafters} | {(p["kind"], p["k"], _opts(p)) for p in profiles}
     built: dict[tuple, Proposer] = {}
     for kind, k, opts in sorted(needs):
-        key = f"{kind}" + "".join(f",{o}={v}" for o, v in opts) + f"@k={k}"
-        if not budget.ok(f"drafter/{key}"):
+        key = _key(kind, opts, k)
+        if key in out["drafters"] or not budget.ok(f"drafter/{key}"):
             continue
         if (kind, opts) not in built:
             built[(kind, opts)] = BUILDERS[kind][0](target, a, dict(opts))
         res = time_proposer(built[(kind, opts)], target, a.context, k, steps=a.reps)
         out["drafters"][key] = res
         progress(f"drafter {key}: {res['step_s'] * 1e3:.2f} ms/step, {res['nodes']:.1f} nodes")
+        update(_with_predictions(out, profiles, budget, t0))
+    return _with_predictions(out, profiles, budget, t0)
+
+
+def _opts(profile: dict) -> tuple:
+    return tuple(sorted(profile["opts"].items()))
+
+
+def _key(kind: str, opts: tuple, k: int) -> str:
+    return kind + "".join(f",{o}={v}" for o, v in opts) + f"@k={k}"
+
+
+def _with_predictions(out: dict, profiles: list[dict], budget: Budget, t0: float) -> dict:
+    """`out` with the profiles' predicted speedups for every mode measured so far (recomputed from scratch)."""
+    rows = []
     for p in profiles:
-        key = p["kind"] + "".join(f",{o}={v}" for o, v in sorted(p["opts"].items())) + f"@k={p['k']}"
-        row = {
-            key2: p[key2] for key2 in ("name", "kind", "k", "opts", "tau", "measured_speedup", "measured_on")
-        }
-        for mode in out["forward_s"]:
+        key = _key(p["kind"], _opts(p), p["k"])
+        row = {k: p[k] for k in ("name", "kind", "k", "opts", "tau", "measured_speedup", "measured_on")}
+        for mode, fw in out["forward_s"].items():
             if key in out["drafters"] and mode in out["plain_step_s"]:
-                fw = {int(n): s for n, s in out["forward_s"][mode].items()}
-                row[mode] = predict(p, fw, out["plain_step_s"][mode], out["drafters"][key])
-        out["profiles"].append(row)
-    out["skipped"] = budget.skipped
+                sizes = {int(n): s for n, s in fw.items()}
+                row[mode] = predict(p, sizes, out["plain_step_s"][mode], out["drafters"][key])
+        rows.append(row)
+    out["profiles"] = rows
+    out["skipped"] = sorted(set(out["skipped"]) | set(budget.skipped))
     out["elapsed_s"] = time.perf_counter() - t0
     return out
 
@@ -391,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=BenchArgs.reps)
     ap.add_argument("--compile", default=BenchArgs.compile, help="inductor | eager | aot_eager | none")
     ap.add_argument("--k", type=int, default=BenchArgs.k)
+    ap.add_argument("--eagle-draft-vocab", type=int, default=BenchArgs.eagle_draft_vocab)
     ap.add_argument("--budget-s", type=float, default=0.0)
     ap.add_argument(
         "--profiles", nargs="*", default=[], help="draftsmith eval.json files (acceptance profiles)"
@@ -413,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                 reps=args.reps,
                 compile=args.compile,
                 k=args.k,
+                eagle_draft_vocab=args.eagle_draft_vocab,
                 budget_s=args.budget_s,
                 profiles=list(args.profiles),
             )

@@ -42,6 +42,21 @@ SHAPES: dict[str, dict] = {
         max_position_embeddings=131072,
         tie_word_embeddings=True,
     ),
+    # HuggingFaceTB/SmolLM2-135M-Instruct: the embedded target (`smollm2-135m`), where the acceptance profiles in
+    # results/profiles/ were measured; its 4-layer draft is the quickstart's shrunken target
+    "smollm2-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        vocab_size=49152,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    ),
     # CPU-test sizes with the same structure (GQA, untied / tied heads, a vocabulary larger than the width)
     "tiny-target": dict(
         hidden_size=128,
@@ -64,7 +79,8 @@ SHAPES: dict[str, dict] = {
         tie_word_embeddings=True,
     ),
 }
-DRAFT_FOR = {"llama-3.1-8b": "llama-3.2-1b", "tiny-target": "tiny-draft"}
+SHAPES["smollm2-135m-4l"] = {**SHAPES["smollm2-135m"], "num_hidden_layers": 4}
+DRAFT_FOR = {"llama-3.1-8b": "llama-3.2-1b", "smollm2-135m": "smollm2-135m-4l", "tiny-target": "tiny-draft"}
 """The draft-LM shape paired with each target shape (same vocabulary)."""
 
 
