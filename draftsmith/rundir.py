@@ -1,4 +1,4 @@
-"""A training run's folder: who may write it, its run.yaml, metrics.jsonl and checkpoint list.
+"""A training run's folder: who may write it, its run.yaml, metrics.jsonl, and its checkpoints (save, restore).
 
     out_dir/run.yaml         resolved config; a different config in the same folder is "another run"
     out_dir/.lock            flock'ed by the live run's main process; holds "pid <n> on <host>"
@@ -11,21 +11,27 @@ takes the lock and writes run.yaml once every check has passed.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import shutil
 import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.fileio import write_text
+from draftsmith.fileio import replace_dir, write_json, write_text
 
 log = logging.getLogger(__name__)
+# accelerate's own save/load logs ("[RANK 0] Model weights saved in ...", "Removed shared tensor ...") are shown
+# only when draftsmith logs at DEBUG (-v): they are normal and tell a user nothing about their run
+LIBRARY_LOGGERS = ("accelerate",)
 
 STATE_FILE = "trainer_state.json"
 LOCK_FILE = ".lock"
@@ -174,3 +180,89 @@ def read_checkpoint_state(path: Path) -> dict:
             "delete it to resume from the previous one"
         ) from None
     return state
+
+
+# --- saving and restoring checkpoints -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def quiet_library_logs() -> Iterator[None]:
+    """Raise accelerate's loggers to ERROR and hide transformers' progress bars inside the block unless
+    draftsmith logs at DEBUG (-v)."""
+    if logging.getLogger("draftsmith").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    loggers = [logging.getLogger(n) for n in LIBRARY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    bars = hf_logging.is_progress_bar_enabled()  # "Writing model shards" from save_pretrained
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def scheduler_state(scheduler) -> dict:
+    """The LR scheduler's state as JSON (its lr_lambdas are functions and are rebuilt from the recipe)."""
+    return {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+
+
+def save_checkpoint(accelerator, out: Path, state: dict, keep: int) -> None:
+    ckpt_dir = out / "checkpoints"
+    final = ckpt_dir / f"step-{state['step']:07d}"
+    tmp = ckpt_dir / f".tmp-step-{state['step']:07d}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    with quiet_library_logs():
+        accelerator.save_state(str(tmp), safe_serialization=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        write_json(tmp / STATE_FILE, state)  # written last: its presence marks completion
+        replace_dir(tmp, final)
+        ckpts = list_checkpoints(out)
+        for old in ckpts[: max(len(ckpts) - keep, 0)]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+@dataclass
+class Position:
+    """Where training stands: optimizer steps done, epoch, index of the next unread batch in the epoch."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_index: int = 0
+
+
+def restore_checkpoint(accelerator, out: Path, scheduler) -> Position:
+    """Load the newest checkpoint into the prepared model/optimizer/RNGs and the scheduler; its Position."""
+    ckpts = list_checkpoints(out)
+    if not ckpts:
+        accelerator.print(f"--resume: no checkpoint in {out}/checkpoints yet; starting at step 0")
+        return Position()
+    state = read_checkpoint_state(ckpts[-1])
+    try:
+        with quiet_library_logs():
+            accelerator.load_state(str(ckpts[-1]))
+    except Exception as e:  # noqa: BLE001 - accelerate/safetensors raise many types
+        raise DraftsmithError(
+            f"checkpoint {ckpts[-1]} could not be loaded ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+            "delete it to resume from the previous one, or check the model config matches"
+        ) from None
+    if "scheduler" in state:
+        sched = state["scheduler"]
+        scheduler.load_state_dict({"lr_lambdas": [None] * len(sched["base_lrs"]), **sched})
+    pos = Position(int(state["step"]), int(state["epoch"]), int(state["batch_index"]))
+    accelerator.print(
+        f"resuming from {ckpts[-1]} (step {pos.step}, epoch {pos.epoch}, batch {pos.batch_index})"
+    )
+    return pos

@@ -22,13 +22,12 @@ epoch (seeded shuffles); expensive per-batch work (on-policy sampling) belongs i
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -43,13 +42,16 @@ from draftsmith.engines import (
     unshard_for_good,
 )
 from draftsmith.errors import DraftsmithError
-from draftsmith.fileio import replace_dir, write_json
+from draftsmith.fileio import replace_dir
 from draftsmith.rundir import (
-    STATE_FILE,
+    Position,
     check_out_dir,
     claim_out_dir,
     list_checkpoints,
-    read_checkpoint_state,
+    quiet_library_logs,
+    restore_checkpoint,
+    save_checkpoint,
+    scheduler_state,
     truncate_events,
 )
 
@@ -58,9 +60,6 @@ __all__ = ["TrainArgs", "run", "make_accelerator", "list_checkpoints", "resolve_
 log = logging.getLogger(__name__)
 
 LossFn = Callable[[torch.nn.Module, Any], "tuple[torch.Tensor, dict[str, float]]"]
-# accelerate's own save/load logs ("[RANK 0] Model weights saved in ...", "Removed shared tensor ...") are shown
-# only when draftsmith logs at DEBUG (-v): they are normal and tell a user nothing about their run
-LIBRARY_LOGGERS = ("accelerate",)
 
 
 @dataclass
@@ -126,89 +125,6 @@ class TrainArgs:
 
 
 # --- checkpoints -------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def quiet_library_logs() -> Iterator[None]:
-    """Raise accelerate's loggers to ERROR and hide transformers' progress bars inside the block unless
-    draftsmith logs at DEBUG (-v)."""
-    if logging.getLogger("draftsmith").isEnabledFor(logging.DEBUG):
-        yield
-        return
-    from transformers.utils import logging as hf_logging
-
-    loggers = [logging.getLogger(n) for n in LIBRARY_LOGGERS]
-    levels = [lg.level for lg in loggers]
-    bars = hf_logging.is_progress_bar_enabled()  # "Writing model shards" from save_pretrained
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-def _scheduler_state(scheduler) -> dict:
-    """The LR scheduler's state as JSON (its lr_lambdas are functions and are rebuilt from the recipe)."""
-    return {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
-
-
-def _save_checkpoint(accelerator, out: Path, state: dict, keep: int) -> None:
-    ckpt_dir = out / "checkpoints"
-    final = ckpt_dir / f"step-{state['step']:07d}"
-    tmp = ckpt_dir / f".tmp-step-{state['step']:07d}"
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    with quiet_library_logs():
-        accelerator.save_state(str(tmp), safe_serialization=True)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        write_json(tmp / STATE_FILE, state)  # written last: its presence marks completion
-        replace_dir(tmp, final)
-        ckpts = list_checkpoints(out)
-        for old in ckpts[: max(len(ckpts) - keep, 0)]:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
-
-
-@dataclass
-class Position:
-    """Where training stands: optimizer steps done, epoch, index of the next unread batch in the epoch."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_index: int = 0
-
-
-def _restore(accelerator, out: Path, scheduler) -> Position:
-    """Load the newest checkpoint into the prepared model/optimizer/RNGs and the scheduler; its Position."""
-    ckpts = list_checkpoints(out)
-    if not ckpts:
-        accelerator.print(f"--resume: no checkpoint in {out}/checkpoints yet; starting at step 0")
-        return Position()
-    state = read_checkpoint_state(ckpts[-1])
-    try:
-        with quiet_library_logs():
-            accelerator.load_state(str(ckpts[-1]))
-    except Exception as e:  # noqa: BLE001 - accelerate/safetensors raise many types
-        raise DraftsmithError(
-            f"checkpoint {ckpts[-1]} could not be loaded ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
-            "delete it to resume from the previous one, or check the model config matches"
-        ) from None
-    if "scheduler" in state:
-        sched = state["scheduler"]
-        scheduler.load_state_dict({"lr_lambdas": [None] * len(sched["base_lrs"]), **sched})
-    pos = Position(int(state["step"]), int(state["epoch"]), int(state["batch_index"]))
-    accelerator.print(
-        f"resuming from {ckpts[-1]} (step {pos.step}, epoch {pos.epoch}, batch {pos.batch_index})"
-    )
-    return pos
 
 
 # --- the loop ----------------------------------------------------------------------------------------------------
@@ -373,8 +289,8 @@ class _Loop:
             self.evaluate()
             self.model.train()
         if args.save_every and pos.step % args.save_every == 0:
-            state = {**vars(pos), "scheduler": _scheduler_state(self.scheduler)}
-            _save_checkpoint(self.acc, self.out, state, args.keep_checkpoints)
+            state = {**vars(pos), "scheduler": scheduler_state(self.scheduler)}
+            save_checkpoint(self.acc, self.out, state, args.keep_checkpoints)
 
     def train(self, batches, progress: bool) -> None:
         """Optimizer steps until max_steps, epoch after epoch, this rank's share of each group of batches."""
@@ -470,7 +386,7 @@ def run(
     model, optimizer = accelerator.prepare(model, optimizer)
     loop = _Loop(accelerator, model, optimizer, scheduler, loss_fn, args, out, eval_fn, before_step)
     if resume:
-        loop.pos = _restore(accelerator, out, scheduler)
+        loop.pos = restore_checkpoint(accelerator, out, scheduler)
     lock = claim_out_dir(out, run_config, resume, overwrite) if accelerator.is_main_process else None
     try:
         if accelerator.is_main_process and resume:  # events logged after the checkpoint are redone
