@@ -255,6 +255,11 @@ def test_adapter_training_leaves_the_target_unchanged_and_decodes(tiny_dirs, gen
     dec = SpeculativeDecoder(fresh, eos_ids=set())
     ids = torch.tensor([[1, 5, 9, 33, 70, 40]])
     assert dec.generate(ids, prop, k=3, max_new_tokens=12).tokens == dec.generate(ids, None, max_new_tokens=12).tokens
+    from draftsmith.app.cli import main
+
+    stage = tmp_path / "stage"  # the Hub path accepts the folder (tensor names checked against its config)
+    assert main(["push", str(tmp_path / "run" / "final"), "user/ee", "--dry-run", str(stage), "--no-results"]) == 0
+    assert "early exit" in (stage / "README.md").read_text() and (stage / "model.safetensors").is_file()
     other = load_model(save_tiny(tmp_path / "other", seed=7), device="cpu")
     with pytest.raises(DraftsmithError, match="weights differ"):
         build_proposer(f"earlyexit:{tmp_path / 'run' / 'final'}", DrafterContext(other, None, torch.device("cpu")))
@@ -289,6 +294,10 @@ def test_layerskip_search_writes_a_folder_eval_accepts_and_others_refuse(tiny_di
     assert rc == 0
     res = json.loads((ev / "eval.json").read_text())
     assert res["lossless"] is True and len(res["alpha_per_position"]) == 2
+    stage = tmp_path / "stage"  # the Hub path: a dry-run push stages the folder with a model card
+    assert main(["push", str(out), "user/ls", "--dry-run", str(stage), "--eval", str(ev / "eval.json")]) == 0
+    card = (stage / "README.md").read_text()
+    assert "layer-skip" in card and "layerskip:" in card and (stage / "config.json").is_file()
     other = save_tiny(tmp_path / "other", seed=7)
     capsys.readouterr()
     rc = main(["eval", "--target", str(other), "--drafter", f"layerskip:{out}", "--prompts", str(prompts),
