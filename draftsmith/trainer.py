@@ -387,6 +387,7 @@ def run(
     loop = _Loop(accelerator, model, optimizer, scheduler, loss_fn, args, out, eval_fn, before_step)
     if resume:
         loop.pos = restore_checkpoint(accelerator, out, scheduler)
+    accelerator.wait_for_everyone()  # every process has checked the folder before the main one locks it
     lock = claim_out_dir(out, run_config, resume, overwrite) if accelerator.is_main_process else None
     try:
         if accelerator.is_main_process and resume:  # events logged after the checkpoint are redone
