@@ -207,7 +207,9 @@ def test_compiled_cuda_graph_path_equals_eager(cuda_target, prompts, tmp_path, t
             got = compiled.generate(ids, proposer, k=4, max_new_tokens=24).tokens
             assert _lossless(cuda_target, ids, want, got), (getattr(proposer, "name", "plain"), want, got)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    assert 1 <= graphs <= 6, f"{graphs} compiled graphs: the step recompiles per length or per prompt"
+    # plain steps, one dynamic-length chain graph, a few tree variants (CPU, aot_eager: 5); dynamo's recompile limit
+    # is 8, past which it would fall back to eager silently
+    assert 1 <= graphs < 8, f"{graphs} compiled graphs: the step recompiles per length or per prompt"
 
 
 # -- sampling -------------------------------------------------------------------------------------------------------
