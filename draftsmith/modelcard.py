@@ -224,7 +224,7 @@ def _usage(kind: str, fmt: str | None, repo_id: str, target_id: str, k: int) -> 
         return (
             f"```bash\nvllm serve {target_id} --speculative-config "
             f'\'{{"method": "medusa", "model": "{repo_id}", "num_speculative_tokens": {k}}}\'\n```\n'
-            "Needs a vLLM release that still ships Medusa (vLLM 0.33.0 has none); vLLM proposes top-1 chains only.\n"
+            "Needs vLLM 0.9.0-0.32.x (0.33.0 removed Medusa); vLLM proposes top-1 chains only.\n"
         )
     if kind == "draft":
         return (

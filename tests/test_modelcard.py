@@ -109,6 +109,7 @@ def test_card_for_exports_and_drafts(medusa_dir, tmp_path):
     card = parse_card(text)
     assert card["library_name"] == "vllm" and "vllm-medusa" in card["tags"]
     assert '"method": "medusa"' in text and "vllm serve someone/tiny-target" in text
+    assert "vLLM 0.9.0-0.32.x" in text  # 0.33.0 removed Medusa
     info = {"kind": "draft", "format": None, "target": {"hub_id": "someone/tiny-target"}}
     text = build_card(info, "me/tiny-draft", None)
     card = parse_card(text)
