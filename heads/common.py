@@ -1,7 +1,7 @@
 """What every head shares: the target record, PEFT-style save/load, and a memory-bounded vocab CE.
 
 A head folder is `config.json` + `model.safetensors` (+ optional README.md / extra json files). Tensor names are
-the ones serving engines load (contract 2 in the design notes), so export is validation, not renaming.
+the ones serving engines load, so export is validation, not renaming.
 The config records the target the head was trained for; `load_head(dir, target_model)` refuses another one.
 """
 
@@ -45,7 +45,8 @@ def target_fingerprint(model) -> list[float]:
 
 
 def target_info(model) -> dict[str, Any]:
-    """What a head records about its target (contract 2)."""
+    """What a head records about its target: name, absolute folder path, Hub id, architecture, sizes and an
+    embedding fingerprint."""
     cfg = model.config
     source = getattr(model, "draftsmith_source", None) or {}  # set by draftsmith.models.load_model
     name = source.get("name") or getattr(cfg, "_name_or_path", "") or ""
