@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import transformers
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models import eos_token_ids
@@ -21,6 +22,9 @@ from draftsmith.sampling import SamplingParams, sample, warp_probs
 from .cache import compact_cache, crop_to
 from .proposer import Proposal, Proposer, node_depths, tree_attention_mask
 from .verify import verify
+
+# forward(cache=...) arrived in transformers 5.24 (before: past_key_values=)
+_TRANSFORMERS_TOO_OLD = tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 24)
 
 
 @dataclass
@@ -52,17 +56,31 @@ class SpeculativeDecoder:
         *,
         eos_ids: set[int] | None = None,
         stop_strings=(),
-        compile: bool = False,
+        compile: bool | str = False,
         static_cache: bool = False,
     ):
         self.target = target
-        # --compile (CUDA path, untested in CI: no GPU there): a StaticCache (buffers allocated once, rollback =
-        # moving its length, HF StaticLayer.crop) plus torch.compile of the target forward, gpt-fast style.
-        # The CPU default stays plain DynamicCache + eager; static_cache alone (no compile) is tested on CPU.
-        self.static = compile or static_cache
-        self._forward_fn = (
-            torch.compile(target.forward, mode="reduce-overhead", dynamic=False) if compile else target
-        )
+        if _TRANSFORMERS_TOO_OLD:  # it would drop the KV cache we pass as cache= and decode garbage, silently
+            raise DraftsmithError(
+                f"transformers {transformers.__version__} is too old for the decoder; pip install 'transformers>=5.24'"
+            )
+        # compile: a StaticCache (buffers allocated once, rollback = moving its length, HF StaticLayer.crop) plus
+        # torch.compile of the target's decode/verify step, gpt-fast style. True = inductor with CUDA graphs (mode
+        # reduce-overhead; tests/test_gpu.py); a backend name ("aot_eager", "eager") traces the same step without
+        # code generation (the CPU tests, tests/test_compile.py). The prefill stays eager: prompt lengths vary and
+        # each would be a new graph. dynamic=None: the first step length compiles static, a second marks lengths
+        # dynamic, so plain steps, chains and trees share a few graphs instead of one per length (dynamic=False
+        # recompiled per draft length until the recompile limit, then fell back to eager).
+        if isinstance(compile, str) and compile not in torch._dynamo.list_backends(exclude_tags=()):
+            raise DraftsmithError(
+                f"unknown compile backend {compile!r}; use True (inductor) or one of "
+                f"{', '.join(torch._dynamo.list_backends(exclude_tags=()))}"
+            )
+        self.static = bool(compile) or static_cache
+        self._forward_fn = target
+        if compile:
+            how = {"mode": "reduce-overhead"} if compile is True else {"backend": compile}
+            self._forward_fn = torch.compile(target.forward, dynamic=None, **how)
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids if eos_ids is not None else set(eos_token_ids(target, tokenizer))
         self.stop_strings = tuple(stop_strings)
@@ -100,8 +118,9 @@ class SpeculativeDecoder:
             return StaticCache(config=self.target.config, max_cache_len=max_len)
         return DynamicCache(config=self.target.config)
 
-    def _forward(self, ids, cache, layers, logits_to_keep: int = 0, **kw):
-        """Target forward -> (logits [B, n, V] for the last `logits_to_keep` rows (0 = all), hidden per layer)."""
+    def _forward(self, ids, cache, layers, logits_to_keep: int = 0, eager: bool = False, **kw):
+        """Target forward -> (logits [B, n, V] for the last `logits_to_keep` rows (0 = all), hidden per layer).
+        eager: bypass the compiled step (the prefill)."""
         if self._head_t is not None:
             out = self.target.get_decoder()(
                 ids, cache=cache, use_cache=True, output_hidden_states=bool(layers), **kw
@@ -109,7 +128,7 @@ class SpeculativeDecoder:
             h = out.last_hidden_state
             logits = (h[:, -logits_to_keep:] if logits_to_keep else h) @ self._head_t
         else:
-            out = self._forward_fn(
+            out = (self.target if eager else self._forward_fn)(
                 ids,
                 cache=cache,
                 use_cache=True,
@@ -159,9 +178,11 @@ class SpeculativeDecoder:
         # prefill: the first token comes from the target alone (one forward, as in plain decoding)
         # a tree block briefly occupies 1 + N cache rows before compaction (static buffers must hold them)
         max_len = T + max_new_tokens + 1 + max(k, int(getattr(proposer, "max_nodes", 0) or 0))
+        if self.static:  # whole 256s: prompts of similar length share the compiled step's shapes
+            max_len = -(-max_len // 256) * 256
         cache = self._new_cache(max_len)
         cached = T  # tokens in the target cache (tracked on the host: no device sync)
-        logits, hidden = self._forward(input_ids, cache, layers, logits_to_keep=1)
+        logits, hidden = self._forward(input_ids, cache, layers, logits_to_keep=1, eager=True)
         res.target_forwards = 1
         last = self._pick(logits[:, -1], params, verify_gen)  # [1]
         res.tokens.append(int(last[0]))

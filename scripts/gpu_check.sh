@@ -28,20 +28,23 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 log() { echo "[gpu_check $(date +%H:%M:%S)] $*"; }
 
-# 1. what the machine lacks, from local wheels only
-if ! "$PY" -c "import datasets, gguf, draftsmith.app.gpucheck" >/dev/null 2>&1; then
-  SITE=$(mktemp -d)/site
-  if ls .whl/*.whl >/dev/null 2>&1; then
-    log "installing $(ls .whl/*.whl | wc -l) wheels from .whl/ (no index)"
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl >"$OUT/install.log" 2>&1 \
-      || log "wheel install failed (see install.log); continuing"
-  fi
+# 1. what the machine lacks, from local wheels only (.whl/ wins over the machine's own versions: the CPU suite ran
+#    against them, and an older transformers than 5.24 would make the decoder refuse to run)
+SITE=$(mktemp -d)/site
+if [ "$MODE" != "--dry" ] && ls .whl/*.whl >/dev/null 2>&1; then  # a dry run uses the environment as it is
+  log "installing $(ls .whl/*.whl | wc -l) wheels from .whl/ (no index)"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl >"$OUT/install.log" 2>&1 \
+    || log "wheel install failed (see install.log); continuing"
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if ! "$PY" -c "import draftsmith.app.gpucheck" >/dev/null 2>&1; then
   log "installing draftsmith from this checkout (no index, no dependencies)"
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" . \
     >>"$OUT/install.log" 2>&1 || { log "error: draftsmith did not install (see $OUT/install.log)"; exit 2; }
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 "$PY" -c "import datasets, gguf" >/dev/null 2>&1 || log "note: datasets/gguf missing (bring .whl/: scripts/gpu_wheels.sh)"
+log "$("$PY" -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}, cuda {torch.cuda.is_available()}")' 2>&1 | tail -1)"
 
 # 2. gpu-marked tests (the dry run collects them from the GPU test module only: they skip without CUDA)
 TESTS=tests

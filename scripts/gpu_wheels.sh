@@ -2,13 +2,15 @@
 # Download, on a machine with package access, the pure-Python wheels that a bare GPU machine lacks, so that
 # `scripts/gpu_check.sh` can install them there without network (pip --no-index from this folder).
 #
-#   bash scripts/gpu_wheels.sh [DIR]          # default DIR: .whl (git-ignored), ~2 MB
+#   bash scripts/gpu_wheels.sh [DIR]          # default DIR: .whl (git-ignored), ~14 MB
 #   PYVER=3.12 bash scripts/gpu_wheels.sh     # the GPU machine's Python (multiprocess ships one wheel per Python)
 #
 # Which packages: draftsmith's dependencies that a CUDA image with torch / transformers / accelerate / peft /
 # lightning / pandas / pyarrow / xxhash / fsspec does not carry: `datasets` and `gguf`, plus the two pure
-# dependencies of datasets such images lack (dill, multiprocess). Versions are the ones installed in this
-# checkout's .venv (what the CPU test suite ran against) unless a VERSION override is set, e.g. DATASETS=5.2.0.
+# dependencies of datasets such images lack (dill, multiprocess); and `transformers` itself, because draftsmith
+# needs >= 5.24 (forward(cache=...)) and images lag behind (one seen with 5.17, whose models ignore cache=).
+# Versions are the ones installed in this checkout's .venv (what the CPU test suite ran against) unless a
+# VERSION override is set, e.g. DATASETS=5.2.0 TRANSFORMERS=5.24.0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-.whl}
@@ -22,7 +24,8 @@ version() {  # installed version of $1 in the local environment, or the override
 }
 
 specs=()
-for pair in "datasets:${DATASETS:-}" "gguf:${GGUF:-}" "dill:${DILL:-}" "multiprocess:${MULTIPROCESS:-}"; do
+for pair in "datasets:${DATASETS:-}" "gguf:${GGUF:-}" "dill:${DILL:-}" "multiprocess:${MULTIPROCESS:-}" \
+  "transformers:${TRANSFORMERS:-}"; do
   name=${pair%%:*}
   v=$(version "$name" "${pair#*:}")
   specs+=("${name}${v:+==$v}")

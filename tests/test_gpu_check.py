@@ -41,3 +41,18 @@ def test_gpu_check_refuses_bad_arguments(tmp_path):
     assert r.returncode == 2 and "not empty" in r.stderr and sorted(os.listdir(full)) == ["keep.txt"]
     r = _run(str(tmp_path / "new"), "--fast")
     assert r.returncode == 2 and "usage" in r.stderr and not (tmp_path / "new").exists()
+
+
+def test_a_wheel_install_carries_every_package():
+    """gpu_check installs draftsmith with `pip install --target` (a wheel, not editable): every folder with an
+    __init__.py must be listed in pyproject's packages, or the bare machine gets a draftsmith without it."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    root = SCRIPT.parents[1]
+    tool = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = tool["package-dir"]
+    found = set()
+    for pkg, folder in dirs.items():
+        for init in (root / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(root / folder).parts
+            found.add(".".join((pkg, *rel)))
+    assert found == set(tool["packages"]), sorted(found ^ set(tool["packages"]))
