@@ -111,6 +111,11 @@ class SpeculativeDecoder:
         got = self.target.get_decoder()(probe).last_hidden_state @ head_t
         return head_t if torch.allclose(ref, got, atol=1e-4, rtol=1e-4) else None
 
+    def _cache_len(self, tokens: int) -> int:
+        """Rows of a cache for `tokens` tokens: static caches come in whole 256s, so prompts of similar length (and
+        decode.speed.measure_forward_costs) share the compiled step's shapes instead of recompiling."""
+        return -(-tokens // 256) * 256 if self.static else tokens
+
     def _new_cache(self, max_len: int):
         from transformers import DynamicCache, StaticCache
 
@@ -177,9 +182,9 @@ class SpeculativeDecoder:
 
         # prefill: the first token comes from the target alone (one forward, as in plain decoding)
         # a tree block briefly occupies 1 + N cache rows before compaction (static buffers must hold them)
-        max_len = T + max_new_tokens + 1 + max(k, int(getattr(proposer, "max_nodes", 0) or 0))
-        if self.static:  # whole 256s: prompts of similar length share the compiled step's shapes
-            max_len = -(-max_len // 256) * 256
+        max_len = self._cache_len(
+            T + max_new_tokens + 1 + max(k, int(getattr(proposer, "max_nodes", 0) or 0))
+        )
         cache = self._new_cache(max_len)
         cached = T  # tokens in the target cache (tracked on the host: no device sync)
         logits, hidden = self._forward(input_ids, cache, layers, logits_to_keep=1, eager=True)

@@ -19,6 +19,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import torch
+import transformers
 
 from draftsmith.app import costbench, trainbench
 from draftsmith.errors import DraftsmithError
@@ -67,7 +68,8 @@ def markdown(report: dict) -> str:
     lines = [
         f"# draftsmith GPU check ({report['mode']})",
         "",
-        f"{report['date']} · device {report['device']} · torch {report['torch']} · draftsmith {report['draftsmith']}",
+        f"{report['date']} · device {report['device']} · torch {report['torch']} · transformers "
+        f"{report.get('transformers')} · draftsmith {report['draftsmith']}",
         "",
     ]
     if report["mode"] == "dry":
@@ -152,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "draftsmith": draftsmith.__version__,
         "pytest_rc": args.pytest_rc,
         "pytest": pytest_summary(Path(args.pytest_xml) if args.pytest_xml else out / "pytest-gpu.xml"),
