@@ -166,3 +166,15 @@ def test_load_profile_reads_what_draftsmith_eval_writes(tiny_dirs, tmp_path):
     p = costbench.load_profile(tmp_path / "run" / "eval.json")
     assert p["name"] == "run" and p["kind"] == "ngram" and p["k"] == 3 and p["opts"] == {"max": 2}
     assert p["tau"] >= 1.0 and len(p["alpha_per_position"]) == 3 and p["measured_on"]["device"] == "cpu"
+
+
+def test_predict_by_hand_and_no_extrapolation():
+    """Hand-written costs (ms): forward 10/11/12/16 for n = 1/2/4/8, a plain decoder step 12 (so 2 of host work per
+    step), a drafter step of 4 drafting 3 nodes: a step costs 4 + 12 + 2 = 18 -> tau 2.7 gives 2.7 * 12 / 18."""
+    fw = {1: 0.010, 2: 0.011, 4: 0.012, 8: 0.016}
+    got = costbench.predict({"tau": 2.7}, fw, 0.012, {"step_s": 0.004, "nodes": 3})
+    assert got["speedup"] == pytest.approx(2.7 * 12 / 18) and got["break_even_tau"] == pytest.approx(18 / 12)
+    far = costbench.predict(
+        {"tau": 2.7}, fw, 0.012, {"step_s": 0.004, "nodes": 9}
+    )  # verify of 10 > 8 measured
+    assert far["speedup"] is None and "exceeds" in far["note"]
