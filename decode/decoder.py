@@ -38,6 +38,8 @@ class GenerationResult:
     target_forwards: int = 0  # including the prefill forward
     time_total: float = 0.0
     time_draft: float = 0.0  # proposer.begin/propose/advance
+    time_prefill: float = 0.0  # the prompt's forward (part of time_total): per-step costs leave it out
+    verified: list[int] = field(default_factory=list)  # tokens in each verify forward (1 + proposal nodes)
     stop_reason: str = "length"
 
     @property
@@ -190,7 +192,8 @@ class SpeculativeDecoder:
         logits, hidden = self._forward(input_ids, cache, layers, logits_to_keep=1, eager=True)
         res.target_forwards = 1
         last = self._pick(logits[:, -1], params, verify_gen)  # [1]
-        res.tokens.append(int(last[0]))
+        res.tokens.append(int(last[0]))  # int() waits for the prefill on any device
+        res.time_prefill = time.perf_counter() - t0
         if proposer is not None:
             td = time.perf_counter()
             if hasattr(proposer, "attach"):  # self-speculative drafters draft on the target's own KV cache
@@ -248,6 +251,7 @@ class SpeculativeDecoder:
             new = torch.cat([proposal.tokens[:, path].to(self.device), last[:, None]], 1)  # [1, a + 1]
             res.accepted.append(a)
             res.proposed.append(depth)
+            res.verified.append(1 + proposal.num_nodes)
             res.tokens.extend(new[0].tolist())
             done = self._finished(res, a + 1, max_new_tokens)
             if proposer is not None and not done:

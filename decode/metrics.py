@@ -6,6 +6,7 @@
   = #steps accepting >= i / #steps accepting >= i-1 that proposed >= i. With these conditionals,
   tau_from_conditional(alpha) = 1 + sum_i prod_{j<=i} alpha_j predicts tau for full-length proposals.
 - speedup: tokens/s of speculative over tokens/s of plain decoding, both measured in the same run.
+- costs: seconds per plain step, per verify step, per drafted token (decode.speed.costs_from_results).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from draftsmith.acceptance import tau_from_accept_lengths
 
 from .decoder import GenerationResult
+from .speed import costs_from_results
 
 
 def alpha_per_position(results: Sequence[GenerationResult], k: int) -> list[float | None]:
@@ -49,4 +51,6 @@ def summarize(spec: Sequence[GenerationResult], plain: Sequence[GenerationResult
         "draft_time_share": sum(r.time_draft for r in spec) / spec_time if spec_time > 0 else 0.0,
         "n_prompts": len(spec),
         "new_tokens": {"speculative": spec_tokens, "plain": plain_tokens},
+        # per-step costs of this run (decode.speed): what the report's "why slower" explanation is computed from
+        "costs": costs.to_dict() if (costs := costs_from_results(spec, plain)) else None,
     }

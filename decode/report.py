@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from .speed import explain_result
+
 
 def _fmt(x, nd: int = 3) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
@@ -67,10 +69,17 @@ def render_markdown(result: dict) -> str:
             "Accepted draft tokens per step: "
             + ", ".join(f"{n}: {v}" for n, v in result["accept_length_hist"].items()),
             "",
+            *_why_slower(result),
             "![eval](eval.png)",
             "",
         ]
     )
+
+
+def _why_slower(result: dict) -> list[str]:
+    """A section explaining a speedup below 1 from the run's own costs (decode.speed); nothing otherwise."""
+    lines = explain_result(result)
+    return ["## Why slower than plain decoding", "", *(f"- {line}" for line in lines), ""] if lines else []
 
 
 def plot(result: dict, path: str | Path) -> None:

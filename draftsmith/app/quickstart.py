@@ -1,10 +1,14 @@
-"""`draftsmith quickstart`: the whole loop on the embedded target, on a CPU, in minutes.
+"""`draftsmith quickstart`: the whole loop on the embedded target, on a CPU, within a time budget.
 
-    draftsmith quickstart [--out runs/quickstart] [--fast]
+    draftsmith quickstart [--out runs/quickstart] [--budget-min 15] [--fast]
 
+0. the target loads, and the first seconds measure what each phase costs on this machine (a batched generation
+   step, scoring with the target, a training step of the draft, batch-1 decode and verify forwards:
+   draftsmith.app.calibrate); the planner (draftsmith.app.plan) scales the data and steps so the predicted time
+   fits --budget-min, and the plan (sizes, predicted minutes per phase) is printed before any of it is spent;
 1. the target (SmolLM2-135M-Instruct, embedded) answers builtin:train prompts -> OUT/data/train (token ids);
    it also answers a few builtin:dev-eval prompts -> OUT/data/dev-eval: reference answers used only to *measure*
-   the draft (never trained on);
+   the draft (never trained on). If generation ran slower than predicted, text pairs and steps shrink to fit;
 2. a draft is cut from the target (a few of its layers, `distill.init.shrink`) with a reduced output vocabulary
    (the 49152 x 576 output head would otherwise dominate a small draft's cost) and distilled (forward KL on the
    target's top-64 logits) on the generated answers plus `builtin:train-text` pairs the target scores (fixed text:
@@ -12,11 +16,13 @@
    metrics.jsonl, final/ = an HF causal LM folder);
 3. predicted acceptance before/after on the dev-eval answers (teacher-forced; greedy alpha = top-1 agreement;
    tau(k=4) = 1 + sum_i prod_{j<i} a_{t+j} from the conditional acceptance along the text (exact per start position
-   for greedy decoding on the target's own text), the i.i.d. formula shown beside it; bonus token included);
+   for greedy decoding on the target's own text), the i.i.d. formula shown beside it; bonus token included), for
+   the sizes the plan chose;
 4. the speculative decoder measures the draft on dev-eval prompts: tau, lossless check and wall-clock speedup
-   over plain decoding in the same run -> OUT/eval (eval.json, report.md, eval.png).
+   over plain decoding in the same run -> OUT/eval (eval.json, report.md, eval.png); below 1x it says why, from
+   the costs measured in that run (decode.speed).
 
-The recipe `recipes/smollm2-135m-quickstart.yaml` holds the same distillation settings for `train/distill.py`.
+The recipe `recipes/smollm2-135m-quickstart.yaml` holds the full-size distillation settings for `train/distill.py`.
 """
 
 from __future__ import annotations
@@ -24,57 +30,30 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from draftsmith.app.plan import (
+    FAST,
+    FULL,
+    GEN_BATCH,
+    MAX_LENGTH,
+    MAX_PROMPT_TOKENS,
+    Plan,
+    QuickstartSizes,
+    check_budget,
+    heldout_size,
+    plan_quickstart,
+    predict,
+)
+from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import write_json
+
+__all__ = ["FAST", "FULL", "QuickstartSizes", "distill_config", "quickstart"]
 
 # The decoder eval stops a step's draft at the first token the draft gives less than this probability: on a CPU
 # the verify forward grows with every drafted token, so likely-rejected tokens cost more than they bring.
 EVAL_STOP_BELOW = 0.5
-
-
-@dataclass
-class QuickstartSizes:
-    train_prompts: int
-    text_examples: int  # builtin:train-text prompt + response pairs the target scores (fixed data), 0 = none
-    dev_prompts: int  # split evenly between vicuna and humaneval
-    max_new_tokens: int
-    steps: int
-    batch_size: int
-    lr: float
-    layers: list[int]
-    vocab_size: int
-    eval_prompts: int  # decoder eval
-    eval_max_new_tokens: int
-
-
-FULL = QuickstartSizes(
-    train_prompts=400,
-    text_examples=2000,
-    dev_prompts=24,
-    max_new_tokens=80,
-    steps=250,
-    batch_size=8,
-    lr=2e-3,
-    layers=[0, 1, 2, 3],  # the first layers: keeping the last layer (30 -> 4) starts at 0% top-1 on SmolLM2
-    vocab_size=8192,
-    eval_prompts=6,
-    eval_max_new_tokens=64,
-)
-FAST = QuickstartSizes(
-    train_prompts=24,
-    text_examples=16,
-    dev_prompts=4,
-    max_new_tokens=24,
-    steps=8,
-    batch_size=4,
-    lr=1e-3,
-    layers=[0, 1],
-    vocab_size=2048,
-    eval_prompts=2,
-    eval_max_new_tokens=16,
-)
 
 
 def distill_config(out: Path, target: str, sizes: QuickstartSizes, layers: list[int] | None = None):
@@ -96,8 +75,8 @@ def distill_config(out: Path, target: str, sizes: QuickstartSizes, layers: list[
                 + (["builtin:train-text"] if sizes.text_examples else []),
                 "limit": [None] + ([sizes.text_examples] if sizes.text_examples else []),
                 "policy": "target",
-                "max_length": 512,
-                "eval_size": max(1, min(16, sizes.train_prompts // 8)),
+                "max_length": MAX_LENGTH,
+                "eval_size": heldout_size(sizes),
                 "cache_target_topk": 64,
             },
             "loss": {"kind": "fkl", "temperature": 1.0},
@@ -119,17 +98,79 @@ def distill_config(out: Path, target: str, sizes: QuickstartSizes, layers: list[
     )
 
 
-def dev_eval_prompts(n: int, tokenizer=None, max_length: int | None = None):
-    """n dev-eval prompts, half Vicuna-80 and half HumanEval (evaluation only), skipping any that would not fit
-    `max_length` tokens with the chat template applied."""
+def dev_eval_sets(tokenizer=None, max_length: int | None = None) -> tuple[list, list]:
+    """(Vicuna-80, HumanEval) dev-eval prompts (evaluation only), without any that would not fit `max_length`
+    tokens with the chat template applied."""
     from draftsmith.prompts import load_prompts, prompt_ids
 
     def fits(p) -> bool:
         return tokenizer is None or max_length is None or len(prompt_ids(tokenizer, p)) <= max_length
 
-    vic = [p for p in load_prompts("builtin:vicuna") if fits(p)]
-    he = [p for p in load_prompts("builtin:humaneval") if fits(p)]
+    return (
+        [p for p in load_prompts("builtin:vicuna") if fits(p)],
+        [p for p in load_prompts("builtin:humaneval") if fits(p)],
+    )
+
+
+def dev_eval_prompts(n: int, tokenizer=None, max_length: int | None = None, sets: tuple | None = None):
+    """n dev-eval prompts, half Vicuna-80 and half HumanEval (plan.dev_lens counts them the same way)."""
+    vic, he = sets or dev_eval_sets(tokenizer, max_length)
     return vic[: (n + 1) // 2] + he[: n // 2]
+
+
+def _plan(model, tok, base: QuickstartSizes, fixed: bool, sets, budget_s: float, t_start: float, evals: bool):
+    """Measure this machine and plan (fixed: `base` as given, only predicted). -> (plan, costs, shape)."""
+    from draftsmith.app.calibrate import data_shape, measure_costs, train_width
+    from draftsmith.trainer import resolve_mixed_precision
+
+    shape, text_load_s = data_shape(tok, base, *sets)
+    bf16 = resolve_mixed_precision("auto") == "bf16"
+    costs = measure_costs(model, tok, base, train_width(shape, base), bf16, text_load_s)
+    elapsed = time.perf_counter() - t_start
+    if not fixed:
+        return plan_quickstart(costs, shape, budget_s, elapsed, decoder_eval=evals), costs, shape
+    phases = predict(costs, shape, base, decoder_eval=evals)
+    over = elapsed + sum(phases.values()) > budget_s
+    return Plan(base, phases, budget_s, elapsed, None, "over the budget" if over else ""), costs, shape
+
+
+def _costs_line(costs, seconds: float) -> str:
+    f = costs.forward_s
+    return (
+        f"measured in {seconds:.0f} s: generation step {costs.gen_step_s * 1e3:.0f} ms at batch {GEN_BATCH}, "
+        f"target scoring {costs.score_tok_s:.0f} tokens/s, draft training {costs.train_tok_s:.0f} tokens/s, "
+        f"decode step {f[1] * 1e3:.1f} ms, verify of 5 tokens {f[5] / f[1]:.2f}x a step"
+    )
+
+
+def _replan(
+    plan: Plan, costs, shape, generate_s: float, budget_s: float, elapsed: float, evals: bool
+) -> Plan:
+    """After generation: if it ran slower than predicted (another job, a slower machine than measured), scale
+    the remaining costs by the same factor and shrink text pairs and steps to stay within the budget."""
+    slow = generate_s / max(plan.phases["generate"], 1e-9)
+    if slow <= 1.1:
+        return plan
+    kept = replace(
+        FULL,
+        dev_prompts=plan.sizes.dev_prompts,
+        eval_prompts=plan.sizes.eval_prompts,
+        eval_max_new_tokens=plan.sizes.eval_max_new_tokens,
+    )
+    kw = dict(full=kept, max_scale=plan.scale, generated=plan.sizes.train_prompts, decoder_eval=evals)
+    try:
+        new = plan_quickstart(costs.slowed(slow), shape, budget_s, elapsed, **kw)
+    except DraftsmithError:  # not even the smallest plan fits any more: run it anyway, and say so
+        new = plan_quickstart(costs.slowed(slow), shape, float("inf"), 0.0, **{**kw, "max_scale": 0.1})
+        new = Plan(new.sizes, new.phases, budget_s, elapsed, new.scale, "over the budget")
+    if new.sizes == plan.sizes:
+        return plan
+    print(
+        f"      re-plan: generation took {generate_s / 60:.1f} min, predicted {plan.phases['generate'] / 60:.1f} "
+        f"(this machine now runs {slow:.2f}x slower than measured at the start): {new.sizes.text_examples} text "
+        f"pairs, {new.sizes.steps} steps; {new.lines()[1]}"
+    )
+    return new
 
 
 def quickstart(
@@ -140,15 +181,21 @@ def quickstart(
     sizes: QuickstartSizes | None = None,
     run_decoder_eval: bool = True,
     progress: bool = True,
+    budget_min: float | str = 15.0,
 ) -> dict:
-    """Run the four steps above; returns (and writes to OUT/quickstart.json) the before/after numbers."""
+    """Measure, plan within `budget_min` minutes, run the four steps above; returns (and writes to
+    OUT/quickstart.json) the plan, the before/after numbers and predicted vs measured time per phase.
+    `sizes` (or `fast`) fixes the sizes instead of planning them (the plan is still predicted and printed)."""
     from draftsmith import models
+    from draftsmith.decode.speed import explain_result
     from draftsmith.distill.recipe import run_distill
     from draftsmith.examples import examples_from_generated
     from draftsmith.selfdistill import generate_dataset
     from draftsmith.trainer import make_accelerator
 
-    sizes = sizes or (FAST if fast else FULL)
+    budget_s = 60 * check_budget(budget_min)  # before anything loads
+    fixed = sizes or (FAST if fast else None)
+    base = fixed or FULL
     out = Path(out)
     t_start, c_start = time.perf_counter(), time.process_time()
     timings: dict[str, float] = {}
@@ -156,30 +203,43 @@ def quickstart(
     device = models.default_device()
     model = models.load_model(target, device=device)
     n_layers = model.config.num_hidden_layers
+    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    # prompts must leave room for the answer (and the decoder's k+1 lookahead) in the target's context
+    room = model.config.max_position_embeddings - max(base.max_new_tokens, base.eval_max_new_tokens) - 8
+    sets = dev_eval_sets(tok, room)
+    t = time.perf_counter()
+    print(f"[0/4] {target} ({device}, {dtype}): measuring this machine, planning for {budget_s / 60:g} min")
+    plan, costs, shape = _plan(model, tok, base, fixed is not None, sets, budget_s, t_start, run_decoder_eval)
+    timings["load_and_measure_s"] = time.perf_counter() - t_start
+    print(f"      {_costs_line(costs, time.perf_counter() - t)}")
+    for line in plan.lines():
+        print(f"      {line}")
+    first_plan = plan
+    sizes = plan.sizes
     layers = [i for i in sizes.layers if i < n_layers] or [0]
 
     t, c = time.perf_counter(), time.process_time()
-    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     print(
-        f"[1/4] {target} ({device}, {dtype}) answers {sizes.train_prompts} builtin:train prompts "
-        f"(+{sizes.dev_prompts} dev-eval references)"
+        f"[1/4] the target answers {sizes.train_prompts} builtin:train prompts (+{sizes.dev_prompts} dev-eval references)"
     )
     gen_kw = {
         "max_new_tokens": sizes.max_new_tokens,
-        "batch_size": 32,
+        "batch_size": GEN_BATCH,
         "model": model,
         "tokenizer": tok,
         "progress": progress,
         "skip_long": True,
-        "max_prompt_tokens": 160,  # drops ~7% of builtin:train; long prompts cost padding and prefill time
+        "max_prompt_tokens": MAX_PROMPT_TOKENS,  # long prompts cost padding and prefill time
     }
     generate_dataset(target, "builtin:train", out / "data" / "train", limit=sizes.train_prompts, **gen_kw)
-    # prompts must leave room for the answer (and the decoder's k+1 lookahead) in the target's context
-    room = model.config.max_position_embeddings - max(sizes.max_new_tokens, sizes.eval_max_new_tokens) - 8
-    dev = dev_eval_prompts(sizes.dev_prompts, tok, room)
+    dev = dev_eval_prompts(sizes.dev_prompts, sets=sets)
     generate_dataset(target, dev, out / "data" / "dev-eval", for_eval=True, **gen_kw)
     timings["generate_s"], timings["generate_cpu_s"] = time.perf_counter() - t, time.process_time() - c
     dev_examples = examples_from_generated(out / "data" / "dev-eval", for_eval=True)
+    if fixed is None:
+        elapsed = time.perf_counter() - t_start
+        plan = _replan(plan, costs, shape, timings["generate_s"], budget_s, elapsed, run_decoder_eval)
+        sizes = plan.sizes
 
     t, c = time.perf_counter(), time.process_time()
     cfg = distill_config(out, target, sizes, layers)
@@ -202,7 +262,8 @@ def quickstart(
     evals = [e for e in events if e["event"] == "eval"]
     before, after = evals[0]["dev-eval"], evals[-1]["dev-eval"]
     train_ev = [e for e in events if e["event"] == "train" and "tokens_per_s" in e]
-    tok_s = sum(e["n_tokens"] for e in train_ev) / max(sum(e["elapsed_s"] for e in train_ev), 1e-9)
+    timings["train_s"] = sum(e["elapsed_s"] for e in train_ev)  # the training steps (and checkpoint saves)
+    tok_s = sum(e["n_tokens"] for e in train_ev) / max(timings["train_s"], 1e-9)
 
     ratio = after["tau_greedy"]["4"] / before["tau_greedy"]["4"]
     print(
@@ -216,14 +277,21 @@ def quickstart(
             + f"  [i.i.d. formula: {ev['tau_greedy_iid']['4']:.2f}"
             + (f", {ratio_iid:.2f}x]" if r else "]")
         )
-    print(f"      training: {tok_s:.0f} tokens/s, {timings['distill_s']:.0f} s")
+    print(
+        f"      for the sizes planned: {sizes.train_prompts} prompts + {sizes.text_examples} text pairs, "
+        f"{sizes.steps} steps; training {tok_s:.0f} tokens/s"
+    )
     result = {
         "target": target,
         "draft": summary["final_dir"],
         "init": summary["init"],
         "predicted": {"before": before, "after": after, "tau_k4_ratio": ratio, "tau_k4_ratio_iid": ratio_iid},
         "train_tokens_per_s": tok_s,
-        "sizes": sizes.__dict__,
+        "sizes": asdict(sizes),
+        "dtype": dtype,
+        "costs": asdict(costs),
+        "plan": _plan_record(first_plan),
+        "replan": _plan_record(plan) if plan is not first_plan else None,
     }
     if run_decoder_eval:
         from draftsmith.app.evaluate import evaluate
@@ -236,7 +304,7 @@ def quickstart(
         res = evaluate(
             target,
             f"draft:{summary['final_dir']},stop_below={EVAL_STOP_BELOW}",
-            dev_eval_prompts(sizes.eval_prompts, tok, room),
+            dev_eval_prompts(sizes.eval_prompts, sets=sets),
             k=4,
             max_new_tokens=sizes.eval_max_new_tokens,
             out_dir=out / "eval",
@@ -248,23 +316,70 @@ def quickstart(
         timings["decoder_eval_s"] = time.perf_counter() - t
         timings["decoder_eval_cpu_s"] = time.process_time() - c
         result["measured"] = {
-            key: res.get(key) for key in ("tau", "speedup", "tokens_per_s", "lossless", "alpha_per_position")
+            key: res.get(key)
+            for key in ("tau", "speedup", "tokens_per_s", "lossless", "alpha_per_position", "costs")
         }
         print(
             f"      measured tau {res['tau']:.2f} (bonus included), speedup {res['speedup']:.2f}x, "
             f"lossless {res['lossless']}; report: {out / 'eval' / 'report.md'}"
         )
+        # verify costs for other draft lengths, as multiples of a step, from this run's own measurements
+        ratios = {n: s / costs.forward_s[1] for n, s in costs.forward_s.items()}
+        why = explain_result(res, verify_ratios=ratios)
+        result["why_slower"] = why
+        if why:
+            print("      why slower than plain decoding (costs measured in this run):")
+            for line in why:
+                print(f"      - {line}")
     timings["total_s"], timings["total_cpu_s"] = time.perf_counter() - t_start, time.process_time() - c_start
     result["timings"] = timings
     write_json(out / "quickstart.json", result, default=str)
+    for line in _time_table(plan, timings):
+        print(f"      {line}")
     print(
         f"done in {timings['total_s'] / 60:.1f} min; draft: {summary['final_dir']}  summary: {out / 'quickstart.json'}"
     )
     return result
 
 
+def _plan_record(plan: Plan) -> dict:
+    return {
+        "sizes": asdict(plan.sizes),
+        "scale": plan.scale,
+        "predicted_s": plan.phases,
+        "budget_s": plan.budget_s,
+        "elapsed_at_plan_s": plan.elapsed_s,
+        "predicted_total_s": plan.total_s,
+        "note": plan.note,
+    }
+
+
+def _time_table(plan: Plan, timings: dict) -> list[str]:
+    """Predicted (last plan) vs measured minutes per phase."""
+    p, m = plan.phases, 60.0
+    rows = [
+        ("generate", p["generate"], timings["generate_s"]),
+        ("score + evals", p["score"] + p["evals"], timings["distill_s"] - timings["train_s"]),
+        ("train", p["train"], timings["train_s"]),
+        ("decoder eval", p["decoder_eval"], timings.get("decoder_eval_s", 0.0)),
+    ]
+    return [
+        "minutes per phase, predicted / measured: "
+        + ", ".join(f"{name} {a / m:.1f} / {b / m:.1f}" for name, a, b in rows)
+        + f"; load + measure {timings['load_and_measure_s'] / m:.1f}; total {timings['total_s'] / m:.1f} "
+        f"of the {plan.budget_s / m:g}-min budget"
+    ]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/quickstart", help="output folder (data, distill run, eval)")
+    p.add_argument(
+        "--budget-min",
+        default="15",
+        metavar="MIN",
+        help="wall-clock minutes to fit in (default 15): the first seconds measure this machine and size the "
+        "data, steps and eval to fit",
+    )
     p.add_argument(
         "--fast", action="store_true", help="tiny sizes: a smoke test in ~1-2 minutes, numbers meaningless"
     )
@@ -273,5 +388,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    quickstart(args.out, fast=args.fast, target=args.target, run_decoder_eval=not args.no_eval)
+    quickstart(
+        args.out,
+        fast=args.fast,
+        target=args.target,
+        run_decoder_eval=not args.no_eval,
+        budget_min=args.budget_min,
+    )
     return 0

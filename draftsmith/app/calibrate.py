@@ -1,0 +1,227 @@
+"""Measure, in the first seconds of a quickstart, what its phases cost on this machine (-> plan.MachineCosts),
+and the token lengths of the data it would use (-> plan.DataShape). Nothing is written outside a temp folder.
+
+Each measurement runs the operation the phase runs, at its shapes, on random token ids (costs do not depend on
+the ids): a batched `model.generate` (prefill and steps timed by a streamer), target scoring as
+`cache_target_topk` does it, one training step of the quickstart's draft (cut from the target as the
+distillation will), batch-1 target forwards the way the decoder runs them, and one checkpoint-sized save.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from draftsmith.app.plan import (
+    GEN_BATCH,
+    MAX_LENGTH,
+    MAX_PROMPT_TOKENS,
+    DataShape,
+    MachineCosts,
+    QuickstartSizes,
+    expected_max,
+)
+
+
+class _StepClock:
+    """A transformers streamer that records the time of each `put` (the prompt, then every new token)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, _tokens) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+@torch.inference_mode()
+def _generation_costs(model, eos_id: int, prompt_len: int = 32, new: int = 8) -> tuple[float, float]:
+    """(prefill tokens/s, seconds per step) of `model.generate` on a GEN_BATCH x prompt_len batch."""
+    dev = next(model.parameters()).device
+    vocab = model.config.get_text_config().vocab_size
+    ids = torch.randint(0, vocab, (GEN_BATCH, prompt_len), generator=torch.Generator().manual_seed(1)).to(dev)
+    clock = _StepClock()
+    model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new,
+        min_new_tokens=new,  # random prompts could end at eos at once
+        do_sample=False,
+        pad_token_id=eos_id,
+        eos_token_id=eos_id,
+        streamer=clock,
+    )
+    t = clock.times  # [prompt, token 1 (after the prefill), token 2, ...]
+    steps = [b - a for a, b in zip(t[2:], t[3:])]  # the first step at this batch shape is a warm-up
+    return GEN_BATCH * prompt_len / (t[1] - t[0]), _median(steps)
+
+
+@torch.inference_mode()
+def _score_rate(model, topk: int = 64, batch: int = 4, width: int = 192) -> float:
+    """Tokens/s of scoring with the target as `cache_target_topk` does (logits at response rows, top-k kept)."""
+    from draftsmith.distill.recipe import target_logits_at
+
+    dev = next(model.parameters()).device
+    vocab = model.config.get_text_config().vocab_size
+    gen = torch.Generator().manual_seed(2)
+    times = []
+    for b, w in ((1, 32), (batch, width)):  # the first call warms up
+        ids = torch.randint(0, vocab, (b, w), generator=gen).to(dev)
+        rows = torch.zeros(b, w, dtype=torch.bool, device=dev)
+        rows[:, w // 2 :] = True  # about half of a sequence is response
+        t0 = time.perf_counter()
+        target_logits_at(model, ids, torch.ones_like(ids), rows).float().topk(topk, dim=-1)
+        times.append(time.perf_counter() - t0)
+    return batch * width / times[-1]
+
+
+def _draft_costs(model, sizes: QuickstartSizes, width: int, bf16: bool) -> tuple[float, float, float]:
+    """(training padded tokens/s, batch-1 draft step seconds, checkpoint save seconds) of the quickstart's draft:
+    the target's `sizes.layers` with a `sizes.vocab_size` output head, fp32 master weights, fused AdamW."""
+    from safetensors.torch import save_file
+    from transformers import DynamicCache
+
+    from draftsmith.distill.init import shrink
+    from draftsmith.distill.policies import dense_from_topk
+    from draftsmith.distill.recipe import DraftLM
+    from draftsmith.divergences import divergence
+    from draftsmith.vocab import restricted_logits
+
+    dev = next(model.parameters()).device
+    n_layers = model.config.get_text_config().num_hidden_layers
+    vocab = model.config.get_text_config().vocab_size
+    layers = [i for i in sizes.layers if i < n_layers] or [0]
+    v_d = min(sizes.vocab_size, vocab)
+    draft = DraftLM(shrink(model, layers).to(device=dev, dtype=torch.float32), torch.arange(v_d, device=dev))
+    draft.train().requires_grad_(True)
+    try:
+        opt = torch.optim.AdamW(draft.parameters(), lr=1e-12, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        opt = torch.optim.AdamW(draft.parameters(), lr=1e-12)
+    gen = torch.Generator().manual_seed(3)
+    times = []
+    for b, w in ((2, 64), (sizes.batch_size, width)):  # the first step warms up (and allocates AdamW state)
+        ids = torch.randint(0, vocab, (b, w), generator=gen).to(dev)
+        rows = torch.zeros(b, w - 1, dtype=torch.bool, device=dev)
+        rows[:, (w - 1) // 2 :] = True
+        n = int(rows.sum())
+        values = torch.randn(n, 64, generator=gen).to(dev)
+        top = torch.randint(0, v_d, (n, 64), generator=gen).to(dev)
+        t0 = time.perf_counter()
+        target = dense_from_topk(values, top, v_d)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):  # as accelerate wraps the forward
+            logits = draft(ids, torch.ones_like(ids))
+        loss = divergence("fkl", target, logits[:, :-1][rows])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    train_tok_s = sizes.batch_size * width / times[-1]
+
+    draft.eval()
+    steps = []
+    with torch.inference_mode():
+        ids = torch.randint(0, vocab, (1, 72), generator=gen).to(dev)
+        cache = DynamicCache(config=draft.model.config)
+        restricted_logits(
+            draft.model, ids[:, :64], vocab_ids=draft.vocab_ids, past_key_values=cache, use_cache=True
+        )
+        for i in range(64, 72):
+            t0 = time.perf_counter()
+            restricted_logits(
+                draft.model,
+                ids[:, i : i + 1],
+                vocab_ids=draft.vocab_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            steps.append(time.perf_counter() - t0)
+    with tempfile.TemporaryDirectory() as tmp:
+        state = {k: v.detach().contiguous() for k, v in draft.model.state_dict().items()}
+        seen, unique = set(), {}
+        for (
+            k,
+            v,
+        ) in state.items():  # tied weights share storage: save each tensor once, as save_pretrained does
+            if v.data_ptr() not in seen:
+                seen.add(v.data_ptr())
+                unique[k] = v
+        t0 = time.perf_counter()
+        save_file(unique, str(Path(tmp) / "model.safetensors"))
+        # a checkpoint holds the weights and AdamW's two moments: ~3x the weights
+        save_s = 3 * (time.perf_counter() - t0)
+    return train_tok_s, _median(steps[1:]), save_s
+
+
+def measure_costs(
+    model,
+    tokenizer,
+    sizes: QuickstartSizes,
+    train_width: float,
+    bf16_training: bool,
+    text_load_s: float = 0.0,
+) -> MachineCosts:
+    """Measure every rate the planner needs on the loaded target (~5-30 s on a 2-core CPU).
+    train_width: the expected padded width of a training batch (plan.expected_max over the data);
+    text_load_s: seconds per text pair to load (measured by `data_shape`)."""
+    from draftsmith.decode.speed import measure_forward_costs
+    from draftsmith.models import eos_token_ids
+
+    forward_s = measure_forward_costs(model, sizes=(1, 2, 3, 5, 9), context=128, reps=3)  # also warms up
+    eos = (eos_token_ids(model, tokenizer) or [0])[0]
+    prefill_tok_s, gen_step_s = _generation_costs(model, eos)
+    score_tok_s = _score_rate(model)
+    width = max(16, min(int(round(train_width)), MAX_LENGTH))
+    train_tok_s, draft_step_s, save_s = _draft_costs(model, sizes, width, bf16_training)
+    return MachineCosts(
+        gen_prefill_tok_s=prefill_tok_s,
+        gen_step_s=gen_step_s,
+        score_tok_s=score_tok_s,
+        train_tok_s=train_tok_s,
+        draft_step_s=draft_step_s,
+        forward_s=forward_s,
+        text_load_s=text_load_s,
+        save_s=save_s,
+    )
+
+
+def data_shape(tokenizer, full: QuickstartSizes, vicuna: list, humaneval: list) -> tuple[DataShape, float]:
+    """Token lengths of the first `full.train_prompts` builtin:train prompts and `full.text_examples`
+    builtin:train-text pairs, and of the dev-eval prompts given; plus the seconds per text pair it took to load
+    and tokenize them (the distillation's setup does the same again)."""
+    from draftsmith.examples import examples_from_sources
+    from draftsmith.prompts import load_prompts, prompt_ids
+
+    train = [len(prompt_ids(tokenizer, p)) for p in load_prompts("builtin:train", limit=full.train_prompts)]
+    t0 = time.perf_counter()
+    text = (
+        examples_from_sources(["builtin:train-text"], tokenizer, [full.text_examples])[0]
+        if full.text_examples
+        else []
+    )
+    text_load_s = (time.perf_counter() - t0) / max(len(text), 1)
+    shape = DataShape(
+        train_prompt_lens=train,
+        text_lens=[len(e.prompt_ids) + len(e.response_ids) for e in text],
+        vicuna_lens=[len(prompt_ids(tokenizer, p)) for p in vicuna],
+        humaneval_lens=[len(prompt_ids(tokenizer, p)) for p in humaneval],
+    )
+    return shape, text_load_s
+
+
+def train_width(shape: DataShape, sizes: QuickstartSizes) -> float:
+    """Expected padded width of a training batch of the full data mix (generated answers assumed full length)."""
+    gen = [
+        min(n + sizes.max_new_tokens, MAX_LENGTH) for n in shape.train_prompt_lens if n <= MAX_PROMPT_TOKENS
+    ]
+    return expected_max(gen + [min(n, MAX_LENGTH) for n in shape.text_lens], sizes.batch_size)
