@@ -50,7 +50,8 @@ log "$("$PY" -c 'import torch, transformers; print(f"torch {torch.__version__}, 
 TESTS=tests
 [ "$MODE" = "--dry" ] && TESTS=tests/test_gpu.py
 log "pytest -m gpu $TESTS"
-timeout "${PYTEST_S:-200}" "$PY" -m pytest -m gpu -q -p no:cacheprovider "$TESTS" \
+# a test module that cannot import here (an optional package the machine lacks) must not stop the gpu set
+timeout "${PYTEST_S:-200}" "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors "$TESTS" \
   --junitxml "$OUT/pytest-gpu.xml" >"$OUT/pytest-gpu.log" 2>&1
 PYTEST_RC=$?
 tail -n 3 "$OUT/pytest-gpu.log"
