@@ -22,8 +22,6 @@ from draftsmith.heads.eagle import EagleConfig, EagleHead, eagle_config_from_dic
 class PEagleHead(EagleHead):
     """EAGLE-3 head + mask_hidden. `num_depths` = draft depths trained (1 real + num_depths-1 placeholders)."""
 
-    head_type_name = "peagle"
-
     def __init__(self, config: EagleConfig, target: dict | None = None, *, mask_token_id: int = 0, num_depths: int = 4):
         if config.kind != "eagle3":
             raise DraftsmithError("P-EAGLE extends an EAGLE-3 head (kind eagle3)")
