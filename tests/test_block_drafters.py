@@ -240,3 +240,29 @@ def test_recipe_runs_share_the_eagle3_cache_and_decode_losslessly(tiny_dirs, gen
         assert acc["kind"] == kind and len(acc["acceptance_per_position"]) >= 2 and acc["tau_sim"] >= 1.0
         prop = build_proposer(f"{kind}:{final}{opts}", ctx)
         assert dec.generate(ids, prop, k=3, max_new_tokens=16).tokens == plain
+
+
+def test_eval_cli_reports_alpha_per_position_for_block_drafters(tiny_dirs, tmp_path, capsys):
+    import json
+
+    from draftsmith.app.cli import main
+    from draftsmith.heads import save_head
+    from draftsmith.models import load_model
+
+    target = load_model(tiny_dirs["target"], device="cpu")
+    save_head(_dflash(target), tmp_path / "d")
+    save_head(_peagle(target), tmp_path / "p")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"say {w}", "category": w}) for w in ("hi", "sea")) + "\n")
+    for spec in (f"dflash:{tmp_path / 'd'}", f"peagle:{tmp_path / 'p'},top_k=2,total_tokens=6"):
+        out = tmp_path / spec.split(":")[0]
+        args = ["eval", "--target", tiny_dirs["target"], "--drafter", spec, "--prompts", str(prompts),
+                "--max-new-tokens", "16", "--k", "3", "--out", str(out), "--no-progress", "--device", "cpu"]
+        assert main(args) == 0
+        res = json.loads((out / "eval.json").read_text())
+        assert res["lossless"] is True and len(res["alpha_per_position"]) == 3
+        assert set(res["per_category"]) == {"hi", "sea"} and (out / "eval.png").is_file()
+    capsys.readouterr()
+    assert main(["eval", "--target", tiny_dirs["target"], "--drafter", f"dflash:{tmp_path / 'd'},depth=2",
+                 "--prompts", str(prompts), "--no-progress"]) == 2  # one-line refusal of an unknown option
+    assert "depth" in capsys.readouterr().err
