@@ -8,8 +8,9 @@ optimisation): the target answers the calibration prompts greedily; every single
 measured as teacher-forced top-1 agreement with those answers; skip sets grow by adding layers in order of least
 damage; each set's chain tau(k) (from per-depth agreement) over its cost (a draft step's layer count x the
 measured time per layer + the draft head, a verify of k+1 tokens measured with the decoder) predicts a speedup;
-the best few sets are then DECODED for real, interleaved with plain decoding, and the one with the best
-measured speedup is saved. If none is faster than plain decoding, the command says "no skip set pays on this
+the best few sets are then DECODED for real, interleaved with plain decoding; the best one is decoded a second
+time (the other run order) and its verdict is the slower of its two passes (a noisy shared machine must not turn
+a slowdown into a speedup); it is saved. If none is faster than plain decoding, the command says "no skip set pays on this
 machine" (the folder is still written, marked pays=false, with the measured slowdown).
 """
 
@@ -242,29 +243,36 @@ def search(target, tok, encoded: list[torch.Tensor], vocab_ids, *, max_new_token
              f"({len(path)} sets, single-layer agreement {min(single.values()):.2f}..{max(single.values()):.2f})")  # fmt: skip
 
     # 4. decode the best predicted sets for real, interleaved with plain decoding on the same prompts
-    cands = sorted(path, key=lambda p: -p["predicted"])[:finalists]
-    measured = []
-    for c in cands:
-        keep = [i for i in range(n) if i not in set(c["skip"])]
-        prop = SelfSpecProposer(target, keep, top, name="layerskip", depth=c["k"])
+    def measure(skip: list[int], k: int, flip: int = 0) -> tuple[float, float]:
+        prop = SelfSpecProposer(target, [i for i in range(n) if i not in set(skip)], top, name="layerskip", depth=k)
         t_plain = t_spec = 0.0
-        steps = acc_tok = 0
+        steps = tokens = 0
         for j, ids1 in enumerate(encoded):
-            runs = [(None, "p"), (prop, "s")] if j % 2 == 0 else [(prop, "s"), (None, "p")]
-            for p, tag in runs:
-                r = dec.generate(ids1, p, k=c["k"], max_new_tokens=max_new_tokens)
-                if tag == "p":
+            for p in ((None, prop) if (j + flip) % 2 == 0 else (prop, None)):
+                r = dec.generate(ids1, p, k=k, max_new_tokens=max_new_tokens)
+                if p is None:
                     t_plain += r.time_total
                 else:
                     t_spec += r.time_total
-                    steps += len(r.accepted)
-                    acc_tok += sum(r.accepted) + len(r.accepted)
-        measured.append({"skip": c["skip"], "k": c["k"], "predicted": c["predicted"],
-                         "speedup": round(t_plain / t_spec, 4), "tau": round(acc_tok / max(steps, 1), 4)})  # fmt: skip
+                    steps, tokens = steps + len(r.accepted), tokens + sum(r.accepted) + len(r.accepted)
+        return t_plain / t_spec, tokens / max(steps, 1)
+
+    cands = sorted(path, key=lambda p: -p["predicted"])[:finalists]
+    measured = []
+    for c in cands:
+        speedup, tau = measure(c["skip"], c["k"])
+        measured.append({"skip": c["skip"], "k": c["k"], "predicted": c["predicted"], "speedup": round(speedup, 4),
+                         "tau": round(tau, 4)})  # fmt: skip
         progress(f"  skip {len(c['skip'])} layers, k={c['k']}: predicted {c['predicted']:.2f}x, measured "
-                 f"{measured[-1]['speedup']:.2f}x (tau {measured[-1]['tau']:.2f})")  # fmt: skip
+                 f"{speedup:.2f}x (tau {tau:.2f})")  # fmt: skip
     measured.sort(key=lambda m: -m["speedup"])
     best = measured[0]
+    # a shared machine can make one pass look faster than it is: the winner is decoded again (the other run
+    # order) and the verdict takes the slower of the two passes, so noise never turns a slowdown into a speedup
+    again, _ = measure(best["skip"], best["k"], flip=1)
+    best["speedup_first_pass"], best["speedup"] = best["speedup"], round(min(best["speedup"], again), 4)
+    best["speedup_second_pass"] = round(again, 4)
+    progress(f"  best set again: {again:.2f}x; verdict uses {best['speedup']:.2f}x")
     return {"skip_layers": best["skip"], "k": best["k"], "pays": best["speedup"] > 1.0, "measured": measured,
             "costs": costs, "path": path, "calibration_prompts": len(encoded), "max_new_tokens": max_new_tokens,
             "hardware_threads": torch.get_num_threads(), "dtype": str(target.dtype).replace("torch.", "")}  # fmt: skip
