@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from accelerate.utils import set_seed
 
 from draftsmith.distill.policies import DataPolicy, PolicyKind, dense_from_topk
 from draftsmith.divergences import DivergenceKind, divergence
+from draftsmith.engines import engine_name, params_sharded, plain_model_init
 from draftsmith.errors import DraftsmithError
-from draftsmith.examples import Example, collate, examples_from_sources, split_heldout
+from draftsmith.examples import DataSources, Example, collate, examples_from_sources, split_heldout
 from draftsmith.modeling import causal_lm
+from draftsmith.rundir import check_out_dir
 from draftsmith.trainer import TrainArgs
 
 log = logging.getLogger(__name__)
@@ -68,10 +71,9 @@ class ModelArgs:
 
 
 @dataclass
-class DataArgs:
-    source: str | list[str] | None = None
-    """A `draftsmith generate` folder (token ids), a .jsonl with prompt+response records, or `builtin:train-text`;
-    a list mixes several (held-out eval examples come from the first, the main data)."""
+class DataArgs(DataSources):
+    """data.source / limit / max_length / eval_size: draftsmith.examples.DataSources (shared by every trainer)."""
+
     policy: PolicyKind = "target"
     """fixed | target | on_policy | mixture (DistillSpec data policies)."""
     on_policy_fraction: float = 0.5
@@ -80,12 +82,6 @@ class DataArgs:
     """on_policy/mixture: response length the draft samples."""
     on_policy_temperature: float = 1.0
     """on_policy/mixture: draft sampling temperature (0 = greedy)."""
-    max_length: int = 1024
-    """Prompt + response tokens per sequence (longer ones are cut)."""
-    eval_size: int = 64
-    """Examples held out from `source` for the acceptance eval (never trained on)."""
-    limit: int | list[int | None] | None = None
-    """Use only the first N examples of `source` (a list: one limit per source, null = all)."""
     cache_target_topk: int = 0
     """>0: score the training data with the target once and keep its top-k logits per token, so training steps
     on that data skip the target forward (~3x faster for small drafts; the loss sees the top-k truncated target).
@@ -116,6 +112,11 @@ class EvalArgs:
     """Sequences per eval forward pass."""
     k: int = 4
     """Draft length whose predicted tau is the headline number."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "k"):
+            if getattr(self, name) < 1:
+                raise DraftsmithError(f"eval.{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
@@ -170,7 +171,6 @@ def target_logits_at(
         logits = head(hidden[rows])
         softcap = getattr(target.config, "final_logit_softcapping", None)
         return torch.tanh(logits / softcap) * softcap if softcap else logits
-
 
 
 def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
@@ -269,17 +269,6 @@ class DistillSetup:
     init_info: dict
 
 
-def special_ids(tokenizer, model) -> list[int]:
-    """Ids a reduced vocabulary must always keep (eos so the draft can stop, bos/pad/unk)."""
-    from draftsmith.selfdistill import _eos_ids
-
-    ids = set(_eos_ids(model, tokenizer))
-    for name in ("bos_token_id", "pad_token_id", "unk_token_id"):
-        if getattr(tokenizer, name, None) is not None:
-            ids.add(int(getattr(tokenizer, name)))
-    return sorted(ids)
-
-
 def build_draft(cfg: ModelArgs, target, device) -> tuple[torch.nn.Module, dict]:
     """The draft before training, per `cfg.init` (+ LoRA). Returns (model in train mode, fp32; init record)."""
     from draftsmith.distill import init
@@ -327,33 +316,35 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
     """Load/check the target, data and draft. `target`/`tokenizer` may be passed in (already loaded)."""
     from draftsmith import models
     from draftsmith.compat import check_compatible
-    from draftsmith.vocab import build_vocab_ids, token_counts
+    from draftsmith.vocab import build_vocab_ids, special_token_ids, token_counts
 
     m, d = cfg.model, cfg.data
     if cfg.push_to_hub:  # a bad repo id fails now, not after hours of training
         from draftsmith.hub import check_repo_id
 
         check_repo_id(cfg.push_to_hub)
-    if not d.source:
-        raise DraftsmithError(
-            "data.source is required: a draftsmith generate folder or a .jsonl with responses"
-        )
+    sources = d.sources  # one-line error when missing
     if m.init == "existing" and m.draft:
         check_compatible(m.target, m.draft, m.trust_remote_code)  # before any weights load
     if tokenizer is None:
         tokenizer = models.load_tokenizer(m.target, m.trust_remote_code)
-    loaded = examples_from_sources(d.source, tokenizer, d.limit)
-    train_ex, eval_ex = split_heldout(loaded[0], d.eval_size, cfg.train.seed)
-    for extra in loaded[1:]:
-        train_ex = train_ex + extra
+    loaded = [e for examples in examples_from_sources(sources, tokenizer, d.limit) for e in examples]
+    train_ex, eval_ex = split_heldout(loaded, d.eval_size, cfg.train.seed)
     if target is None:
         target = models.load_model(
             m.target, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code
         )
     target.eval().requires_grad_(False)
+    ctx = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+    if ctx and d.max_length > ctx:
+        raise DraftsmithError(
+            f"data.max_length={d.max_length} exceeds the target's context ({ctx} tokens, "
+            f"max_position_embeddings); set data.max_length <= {ctx}"
+        )
     vocab = target.config.get_text_config().vocab_size
+    set_seed(cfg.train.seed)  # before the draft is built: init=fresh (and LoRA) draw random weights
     draft, info = build_draft(m, target, device)
-    specials = special_ids(tokenizer, target)
+    specials = special_token_ids(tokenizer, target)
     vocab_ids = None
     if m.vocab_size:
         counts = token_counts((e.prompt_ids + e.response_ids for e in train_ex), vocab)
@@ -389,9 +380,9 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
 
 
 def _eos(target, tokenizer) -> list[int]:
-    from draftsmith.selfdistill import _eos_ids
+    from draftsmith.models import eos_token_ids
 
-    return _eos_ids(target, tokenizer)
+    return eos_token_ids(target, tokenizer, required=True)
 
 
 def save_draft(
@@ -434,7 +425,15 @@ def run_distill(
     from draftsmith.config import to_dict
     from draftsmith.trainer import run
 
-    s = setup(cfg, accelerator.device, target=target, tokenizer=tokenizer)
+    run_config = to_dict(cfg)
+    check_out_dir(cfg.output_dir, run_config, resume, overwrite)  # before any compute; reads only
+    if cfg.data.policy in ("on_policy", "mixture") and params_sharded(accelerator):
+        raise DraftsmithError(
+            f"data.policy={cfg.data.policy} samples from the draft, whose parameters {engine_name(accelerator)} "
+            "shards across processes; use data.policy=target|fixed, or DDP / ZeRO-2 (whole draft per process)"
+        )
+    with plain_model_init(accelerator):  # ZeRO-3 would partition the frozen target as it loads
+        s = setup(cfg, accelerator.device, target=target, tokenizer=tokenizer)
     pad = s.policy.pad_id
     eval_sets = {"heldout": s.eval_examples, **(extra_eval or {})}
     # evals score whole examples (up to the target's context), whatever length training cuts sequences to
@@ -451,7 +450,6 @@ def run_distill(
             if exs
         }
 
-    run_config = to_dict(cfg)
     out = Path(cfg.output_dir)
 
     def save_fn(model: DraftLM, out_dir: Path) -> None:

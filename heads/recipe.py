@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from accelerate.utils import set_seed
 
 from draftsmith.config import to_dict
+from draftsmith.engines import plain_model_init
 from draftsmith.errors import DraftsmithError
+from draftsmith.examples import DataSources
 from draftsmith.heads.data import data_fingerprint, epoch_batches, load_examples, split_examples
 from draftsmith.heads.eagle import EagleHead, default_aux_layers
 from draftsmith.heads.hidden import CacheSpec, HiddenStateCache, HiddenStates, build_cache, bytes_per_token
@@ -24,6 +27,7 @@ from draftsmith.heads.io import ACCURACY_FILE, LORA_DIR, save_head
 from draftsmith.heads.losses import EagleLoss
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.training import HeadTrainer, evaluate_heads
+from draftsmith.rundir import check_out_dir
 from draftsmith.trainer import TrainArgs
 
 log = logging.getLogger(__name__)
@@ -96,6 +100,10 @@ class LossSection:
     """Medusa-1: tokens = the data's next tokens (as published); target = self-distillation, the frozen target's
     distribution at t+1+k (what greedy verification checks; needed to learn from fixed, human-written text)."""
 
+    def __post_init__(self) -> None:
+        if self.ttt_steps < 1:
+            raise DraftsmithError(f"loss.ttt_steps must be >= 1 (1 = no unroll), got {self.ttt_steps}")
+
 
 @dataclass
 class Medusa2Section:
@@ -114,19 +122,11 @@ class Medusa2Section:
 
 
 @dataclass
-class DataSection:
-    generated: list[str] = field(default_factory=lambda: ["runs/generated"])
-    """Training sources, one or a list: `draftsmith generate` folders (target-answered prompts) and fixed
-    prompt+response files (builtin:train-text, .jsonl). Never an eval set. Held-out rows come from the first."""
-    max_length: int = 1024
-    """Truncate prompt+response to this many tokens."""
-    limit: int | None = None
-    """Use the first N rows of each source only."""
+class DataSection(DataSources):
+    """data.source / limit / max_length / eval_size: draftsmith.examples.DataSources (shared by every trainer)."""
+
     loss_on_prompt: bool = False
     """Also train on prompt tokens (EAGLE labels are target distributions; useful when data is scarce)."""
-    eval_fraction: float = 0.05
-    """Held-out share for the acceptance eval."""
-    max_eval_examples: int = 64
     hidden_states: Literal["online", "offline", "hybrid"] = "online"
     """online: run the target every step; offline: cache all states first; hybrid: cache during epoch 1."""
     hidden_cache: str | None = None
@@ -164,15 +164,11 @@ def build_head(cfg: HeadsConfig, target, train_examples: list[dict]) -> torch.nn
         return MedusaHeads.from_target(target, h.num_heads, h.num_layers)
     if h.kind == "eagle":
         return EagleHead.from_target(target, "eagle", intermediate_size=h.intermediate_size)
-    from draftsmith.vocab import build_vocab_ids, token_counts
+    from draftsmith.vocab import build_vocab_ids, special_token_ids, token_counts
 
     v = target.config.vocab_size
     counts = token_counts((e["input_ids"] for e in train_examples), v)
-    special = {
-        int(i)
-        for i in (target.config.eos_token_id, target.config.bos_token_id, target.config.pad_token_id)
-        if isinstance(i, int)
-    }
+    special = set(special_token_ids(None, target))
     if h.kind in ("dflash", "peagle"):
         from draftsmith.heads.block_recipe import build_block_head
 
@@ -204,8 +200,17 @@ def run_heads(
     from draftsmith import models
     from draftsmith.trainer import run
 
-    target = models.load_model(cfg.model.target, dtype=cfg.model.dtype, device=accelerator.device)
-    sources = cfg.data.generated
+    run_config = to_dict(cfg)
+    check_out_dir(cfg.output_dir, run_config, resume, overwrite)  # before any compute or cache write
+    with plain_model_init(accelerator):  # ZeRO-3 would partition the frozen target as it loads
+        target = models.load_model(cfg.model.target, dtype=cfg.model.dtype, device=accelerator.device)
+    ctx = getattr(target.config, "max_position_embeddings", None)
+    if ctx and cfg.data.max_length > ctx:
+        raise DraftsmithError(
+            f"data.max_length={cfg.data.max_length} exceeds the target's context ({ctx} tokens, "
+            f"max_position_embeddings); set data.max_length <= {ctx}"
+        )
+    sources = cfg.data.sources
     needs_tok = any(not Path(s).is_dir() for s in sources)
     examples = load_examples(
         sources,
@@ -217,9 +222,8 @@ def run_heads(
     cache_dtype = cfg.data.cache_dtype
     if cache_dtype == "auto":
         cache_dtype = "bfloat16" if target.dtype == torch.bfloat16 else "float16"
-    train_ex, eval_ex = split_examples(
-        examples, cfg.data.eval_fraction, cfg.data.max_eval_examples, cfg.train.seed
-    )
+    train_ex, eval_ex = split_examples(examples, cfg.data.eval_size, cfg.train.seed)
+    set_seed(cfg.train.seed)  # before the head (and Medusa-2's LoRA) draw their random weights
     head = build_head(cfg, target, train_ex).to(accelerator.device)
     kind = cfg.head.kind if cfg.head.kind in ("eagle3", "eagle", "earlyexit") else "medusa"
     if cfg.head.kind in ("dflash", "peagle"):  # EAGLE-3's features: the same (shareable) eagle3 cache
@@ -308,7 +312,7 @@ def run_heads(
         save_fn=save_fn,
         resume=resume,
         overwrite=overwrite,
-        run_config=to_dict(cfg),
+        run_config=run_config,
         progress=progress,
     )
     if cache is not None:

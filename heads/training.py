@@ -52,10 +52,6 @@ class HeadTrainer(nn.Module):
             from draftsmith.heads.block_recipe import block_step
 
             loss, m = block_step(self.head, self.frozen_target, self.hidden(batch), batch, self.loss_cfg, exact=False)
-        elif getattr(self.head, "head_type", None) in ("dflash", "peagle"):
-            from draftsmith.heads.block_recipe import block_step
-
-            loss, m = block_step(self.head, self.frozen_target, self.hidden(batch), batch, self.loss_cfg, exact=False)
         elif isinstance(self.head, MedusaHeads):
             if self.medusa2 is not None:
                 return self._medusa2(ids, am, lm)
@@ -163,10 +159,6 @@ def evaluate_heads(
     t = trainer.frozen_target
     if getattr(head, "head_type", None) == "earlyexit":
         return _evaluate_earlyexit(trainer, batches, hidden, eval_depth)
-    if getattr(head, "head_type", None) in ("dflash", "peagle"):
-        from draftsmith.heads.block_recipe import evaluate_block
-
-        return evaluate_block(head, t, batches, hidden, c)
     if getattr(head, "head_type", None) in ("dflash", "peagle"):
         from draftsmith.heads.block_recipe import evaluate_block
 
