@@ -173,3 +173,24 @@ def test_bad_budget_is_refused_before_anything_runs(bad, tmp_path, capsys):
     assert err.startswith("error: --budget-min") and "\n" not in err
     assert not (tmp_path / "qs").exists()  # nothing written
     assert check_budget("7.5") == 7.5 and check_budget(15) == 15.0
+
+
+def test_replan_after_slow_generation_rescales_by_a_fresh_measurement(monkeypatch, capsys):
+    """Generation overran its prediction: the re-plan re-measures target scoring, so a machine that got slower
+    shrinks the rest more than one whose generation was merely mispredicted; the prompts already answered stay."""
+    import draftsmith.app.calibrate as calibrate
+    from draftsmith.app.quickstart import _replan
+
+    first = plan_quickstart(FP32, SHAPE, 15 * 60, LOADED)
+    gen_s = 1.5 * first.phases["generate"]
+    elapsed = LOADED + gen_s
+    on_time = _replan(first, FP32, SHAPE, 1.05 * first.phases["generate"], 15 * 60, elapsed, True, None)
+    assert on_time is first  # within 10% of the prediction: no re-plan
+    monkeypatch.setattr(calibrate, "score_rate", lambda model: FP32.score_tok_s)  # same speed as at the start
+    mispredicted = _replan(first, FP32, SHAPE, gen_s, 15 * 60, elapsed, True, None)
+    monkeypatch.setattr(calibrate, "score_rate", lambda model: FP32.score_tok_s / 2)  # twice slower now
+    slower = _replan(first, FP32, SHAPE, gen_s, 15 * 60, elapsed, True, None)
+    for p in (mispredicted, slower):
+        assert p.sizes.train_prompts == first.sizes.train_prompts and p.total_s <= 15 * 60
+    assert first.sizes.text_examples >= mispredicted.sizes.text_examples > slower.sizes.text_examples
+    assert "2.00x slower" in capsys.readouterr().out

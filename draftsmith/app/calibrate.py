@@ -66,7 +66,7 @@ def _generation_costs(model, eos_id: int, prompt_len: int = 32, new: int = 8) ->
 
 
 @torch.inference_mode()
-def _score_rate(model, topk: int = 64, batch: int = 4, width: int = 192) -> float:
+def score_rate(model, topk: int = 64, batch: int = 4, width: int = 192) -> float:
     """Tokens/s of scoring with the target as `cache_target_topk` does (logits at response rows, top-k kept)."""
     from draftsmith.distill.recipe import target_logits_at
 
@@ -180,7 +180,7 @@ def measure_costs(
     forward_s = measure_forward_costs(model, sizes=(1, 2, 3, 5, 9), context=128, reps=3)  # also warms up
     eos = (eos_token_ids(model, tokenizer) or [0])[0]
     prefill_tok_s, gen_step_s = _generation_costs(model, eos)
-    score_tok_s = _score_rate(model)
+    score_tok_s = score_rate(model)
     width = max(16, min(int(round(train_width)), MAX_LENGTH))
     train_tok_s, draft_step_s, save_s = _draft_costs(model, sizes, width, bf16_training)
     return MachineCosts(

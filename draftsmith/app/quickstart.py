@@ -144,13 +144,16 @@ def _costs_line(costs, seconds: float) -> str:
 
 
 def _replan(
-    plan: Plan, costs, shape, generate_s: float, budget_s: float, elapsed: float, evals: bool
+    plan: Plan, costs, shape, generate_s: float, budget_s: float, elapsed: float, evals: bool, model
 ) -> Plan:
-    """After generation: if it ran slower than predicted (another job, a slower machine than measured), scale
-    the remaining costs by the same factor and shrink text pairs and steps to stay within the budget."""
-    slow = generate_s / max(plan.phases["generate"], 1e-9)
-    if slow <= 1.1:
+    """After generation: if it took longer than predicted, re-measure one rate (target scoring) to tell a machine
+    that got slower (another job started) from a phase that cost more than predicted, scale the remaining costs
+    by that slowdown, and shrink text pairs and steps to what the time left allows."""
+    from draftsmith.app.calibrate import score_rate
+
+    if generate_s <= 1.1 * plan.phases["generate"]:
         return plan
+    slow = max(1.0, costs.score_tok_s / score_rate(model))
     kept = replace(
         FULL,
         dev_prompts=plan.sizes.dev_prompts,
@@ -158,6 +161,7 @@ def _replan(
         eval_max_new_tokens=plan.sizes.eval_max_new_tokens,
     )
     kw = dict(full=kept, max_scale=plan.scale, generated=plan.sizes.train_prompts, decoder_eval=evals)
+    elapsed = elapsed + 2.0  # the probe
     try:
         new = plan_quickstart(costs.slowed(slow), shape, budget_s, elapsed, **kw)
     except DraftsmithError:  # not even the smallest plan fits any more: run it anyway, and say so
@@ -166,8 +170,8 @@ def _replan(
     if new.sizes == plan.sizes:
         return plan
     print(
-        f"      re-plan: generation took {generate_s / 60:.1f} min, predicted {plan.phases['generate'] / 60:.1f} "
-        f"(this machine now runs {slow:.2f}x slower than measured at the start): {new.sizes.text_examples} text "
+        f"      re-plan: generation took {generate_s / 60:.1f} min, predicted {plan.phases['generate'] / 60:.1f}; "
+        f"target scoring now runs {slow:.2f}x slower than at the start: {new.sizes.text_examples} text "
         f"pairs, {new.sizes.steps} steps; {new.lines()[1]}"
     )
     return new
@@ -238,7 +242,7 @@ def quickstart(
     dev_examples = examples_from_generated(out / "data" / "dev-eval", for_eval=True)
     if fixed is None:
         elapsed = time.perf_counter() - t_start
-        plan = _replan(plan, costs, shape, timings["generate_s"], budget_s, elapsed, run_decoder_eval)
+        plan = _replan(plan, costs, shape, timings["generate_s"], budget_s, elapsed, run_decoder_eval, model)
         sizes = plan.sizes
 
     t, c = time.perf_counter(), time.process_time()
@@ -334,7 +338,7 @@ def quickstart(
     timings["total_s"], timings["total_cpu_s"] = time.perf_counter() - t_start, time.process_time() - c_start
     result["timings"] = timings
     write_json(out / "quickstart.json", result, default=str)
-    for line in _time_table(plan, timings):
+    for line in _time_table(first_plan, plan, timings):
         print(f"      {line}")
     print(
         f"done in {timings['total_s'] / 60:.1f} min; draft: {summary['final_dir']}  summary: {out / 'quickstart.json'}"
@@ -354,11 +358,11 @@ def _plan_record(plan: Plan) -> dict:
     }
 
 
-def _time_table(plan: Plan, timings: dict) -> list[str]:
-    """Predicted (last plan) vs measured minutes per phase."""
+def _time_table(first: Plan, plan: Plan, timings: dict) -> list[str]:
+    """Predicted vs measured minutes per phase (generation as first planned, the rest as last planned)."""
     p, m = plan.phases, 60.0
     rows = [
-        ("generate", p["generate"], timings["generate_s"]),
+        ("generate", first.phases["generate"], timings["generate_s"]),
         ("score + evals", p["score"] + p["evals"], timings["distill_s"] - timings["train_s"]),
         ("train", p["train"], timings["train_s"]),
         ("decoder eval", p["decoder_eval"], timings.get("decoder_eval_s", 0.0)),
