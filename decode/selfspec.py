@@ -40,6 +40,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 
 from .proposer import Proposal
+from .trees import dynamic_tree
 
 
 class TargetLayers:
@@ -119,7 +120,9 @@ def crop_layers(cache, layer_ids: Sequence[int], length: int) -> None:
 class DraftTop(Protocol):
     """What turns the draft layers' output into draft logits (the target's norm + head, or a trained adapter)."""
 
-    hidden_state_layers: tuple[int, ...]  # target states the top needs for committed tokens (decoder protocol)
+    hidden_state_layers: tuple[
+        int, ...
+    ]  # target states the top needs for committed tokens (decoder protocol)
     vocab_ids: torch.Tensor | None  # [V_d] target ids of the logits' columns (None = the full vocabulary)
 
     def begin(self, tokens: torch.Tensor, hidden: tuple[torch.Tensor, ...] | None) -> None: ...
@@ -183,13 +186,17 @@ class SelfSpecProposer:
         self.t = TargetLayers(target)
         layers = sorted(set(int(i) for i in draft_layers))
         if not layers or layers[0] < 0 or layers[-1] >= self.t.num_layers:
-            raise DraftsmithError(f"draft layers must lie in [0, {self.t.num_layers}), got {list(draft_layers)}")
+            raise DraftsmithError(
+                f"draft layers must lie in [0, {self.t.num_layers}), got {list(draft_layers)}"
+            )
         if top_k < 1 or depth < 1:
             raise DraftsmithError(f"{name} needs top_k >= 1 and depth >= 1, got {top_k}, {depth}")
         if not 0.0 <= stop_below < 1.0:
             raise DraftsmithError(f"{name} option stop_below must be in [0, 1), got {stop_below}")
         self.name, self.top, self.draft_layers = name, top, layers
-        self.exact = next((j for j, i in enumerate(layers) if i != j), len(layers))  # P: leading unchanged layers
+        self.exact = next(
+            (j for j, i in enumerate(layers) if i != j), len(layers)
+        )  # P: leading unchanged layers
         self.shared = list(range(self.exact))
         self.rest = list(range(self.exact, self.t.num_layers))
         self.top_k, self.depth = top_k, depth
@@ -200,7 +207,9 @@ class SelfSpecProposer:
         self.hidden_state_layers = tuple(top.hidden_state_layers)
         for i in self.hidden_state_layers:
             if i != self.exact:
-                raise DraftsmithError(f"{name}: the top may only read layer {self.exact}'s input states, not {i}")
+                raise DraftsmithError(
+                    f"{name}: the top may only read layer {self.exact}'s input states, not {i}"
+                )
         self.vocab_ids = top.vocab_ids
         self.target_vocab_size = int(target.get_output_embeddings().weight.shape[0])
         self.tree = False if top_k == 1 else f"dynamic top_k={top_k} depth={depth} total_tokens={self.total}"
@@ -210,13 +219,17 @@ class SelfSpecProposer:
     def attach(self, decoder, cache) -> None:
         """Called by the decoder after the prefill: the target's cache (holding the prompt) and the decoder."""
         if type(cache).__name__ != "DynamicCache":
-            raise DraftsmithError(f"{self.name} drafts on a DynamicCache; run it without --compile / static_cache")
+            raise DraftsmithError(
+                f"{self.name} drafts on a DynamicCache; run it without --compile / static_cache"
+            )
         self.decoder, self.cache = decoder, cache
         self.cached = cache.layers[0].get_seq_length()
 
     def begin(self, tokens: torch.Tensor, hidden) -> None:
         if self.cache is None:
-            raise DraftsmithError(f"{self.name} drafts on the target's cache; use draftsmith's SpeculativeDecoder")
+            raise DraftsmithError(
+                f"{self.name} drafts on the target's cache; use draftsmith's SpeculativeDecoder"
+            )
         self.root = tokens[:, -1:].to(self.t.device)
         self.pending = None  # what verify_forward may reuse: (rows processed, layer-P states [B, j, H])
         self.top.begin(tokens, hidden)
@@ -268,7 +281,9 @@ class SelfSpecProposer:
                 if self.vocab_ids is None:
                     probs.append(q)
                 else:
-                    probs.append(q.new_zeros(q.shape[0], self.target_vocab_size).index_copy_(1, self.vocab_ids, q))
+                    probs.append(
+                        q.new_zeros(q.shape[0], self.target_vocab_size).index_copy_(1, self.vocab_ids, q)
+                    )
             ids = self._to_target(idx)[:, None]
             tokens.append(ids[:, 0])
         crop_layers(self.cache, self.draft_layers[self.exact :], c)  # inexact rows: never verified
@@ -281,44 +296,22 @@ class SelfSpecProposer:
         return Proposal.chain(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None)
 
     def _tree(self, depth: int) -> Proposal:
-        """EAGLE-2 dynamic tree (deterministic top-k, point masses): depth 1 = the top_k tokens after the root;
-        each further depth expands the top_k frontier nodes (by cumulative log-prob) in one batched step; the
-        `total` best of all candidates form the tree (closed under ancestors)."""
-        c, dev, kk = self.cached, self.t.device, self.top_k
+        """EAGLE-2 dynamic tree (decode/trees.dynamic_tree) over the root row drafted first."""
+        c, dev = self.cached, self.t.device
         logits, _ = self._step(self.root, torch.tensor([c], device=dev), None, 0)
-        top = torch.log_softmax(logits[0, -1].float(), -1).topk(kk)
-        toks_l, score_l = [top.indices], [top.values]
-        parent_l = [torch.full((kk,), -1, device=dev, dtype=torch.long)]
-        frontier = torch.arange(kk, device=dev)
-        parent_rows = None
-        anc = torch.ones(1, 1, dtype=torch.bool, device=dev)  # drafted rows so far: the root (row 0)
-        eye = torch.eye(kk, dtype=torch.bool, device=dev)
-        n_cand = kk
-        for d in range(1, depth):
-            m0, f = anc.shape[0], frontier.shape[0]
-            # a frontier row sees the root, its expanded ancestors (its parent's row) and itself
-            inherited = anc[parent_rows] if parent_rows is not None else anc.new_ones(f, m0)
-            new_anc = torch.cat([inherited, eye[:f, :f]], 1)  # [F, m0 + F]
-            ids = self._to_target(torch.cat(toks_l)[frontier])[None]
-            logits, _ = self._step(ids, torch.full((f,), c + d, device=dev), new_anc, m0)
-            anc = torch.cat([torch.cat([anc, anc.new_zeros(m0, f)], 1), new_anc], 0)
-            child = torch.log_softmax(logits[0].float(), -1).topk(kk, dim=-1)  # [F, top_k]
-            score = (torch.cat(score_l)[frontier][:, None] + child.values).flatten()
-            toks_l.append(child.indices.flatten())
-            score_l.append(score)
-            parent_l.append(frontier[:, None].expand(-1, kk).flatten())
-            best = score.topk(min(kk, score.numel())).indices
-            frontier = n_cand + best
-            parent_rows = m0 + best // kk
-            n_cand += score.numel()
+
+        def expand(tok, attend, d, parent_local):
+            f = tok.shape[0]
+            ids = self._to_target(tok)[None]
+            logits, _ = self._step(ids, torch.full((f,), c + d, device=dev), attend, attend.shape[1] - f)
+            return torch.log_softmax(logits[0].float(), -1)
+
+        root_logp = torch.log_softmax(logits[0, -1].float(), -1)
+        toks, parents = dynamic_tree(
+            root_logp, expand, top_k=self.top_k, depth=depth, total=self.total, drafted=1
+        )
         crop_layers(self.cache, self.draft_layers, c)  # trees: the decoder's tree-masked forward verifies
-        all_tok, all_score, all_parent = torch.cat(toks_l), torch.cat(score_l), torch.cat(parent_l)
-        # the depth penalty breaks log-prob ties in favour of parents: the kept set is closed under ancestors
-        depth_of = torch.cat([torch.full((t.numel(),), float(i), device=dev) for i, t in enumerate(toks_l)])
-        keep = (all_score - 1e-4 * depth_of).topk(min(self.total, n_cand)).indices.sort().values
-        where = {cand: i for i, cand in enumerate(keep.tolist())}
-        parents = [where[p] if p >= 0 else -1 for p in all_parent[keep].tolist()]
-        return Proposal(self._to_target(all_tok[keep])[None], parents)
+        return Proposal(self._to_target(toks)[None], parents)
 
     # -- verification with shared work ------------------------------------------------------------------------
     @torch.inference_mode()
@@ -338,7 +331,11 @@ class SelfSpecProposer:
             # everything, so it runs exactly like a drafting step (mask None)
             mask = None if n - j == 1 else torch.ones(n - j, n, dtype=torch.bool, device=dev).tril(j)
             h_new = self.t.run(
-                self.t.embed(block[:, j:]), self.shared, self.cache, torch.arange(c + j, c + n, device=dev), mask
+                self.t.embed(block[:, j:]),
+                self.shared,
+                self.cache,
+                torch.arange(c + j, c + n, device=dev),
+                mask,
             )
             parts.append(h_new)
         h_p = torch.cat(parts, 1)

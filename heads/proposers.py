@@ -25,6 +25,7 @@ import torch
 
 from draftsmith.decode.drafters import DrafterContext, parse_kv
 from draftsmith.decode.proposer import Proposal
+from draftsmith.decode.trees import dynamic_tree
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.eagle import EagleHead
 from draftsmith.heads.io import load_head, merge_target_lora, read_accuracy
@@ -156,62 +157,37 @@ class EagleProposer:
     def propose(self, k: int, params: SamplingParams, generator=None) -> Proposal:
         if self.pending is not None:
             self.root_out = self._run_pending()
-        depth = min(self.depth, k)
         dev = self.embed.device
-        kk = self.top_k
         ctx_len = self.kv.length
-        # candidates across all depths: draft-vocab token, cumulative log-prob, parent candidate (-1 = root)
-        top = self._logp(self.root_out)[0].topk(kk)  # batch 1 (leading dim kept in the protocol)
-        toks_l, score_l = [top.indices], [top.values]
-        parent_l = [torch.full((kk,), -1, device=dev, dtype=torch.long)]
-        frontier = torch.arange(kk, device=dev)  # candidate ids of the nodes expanded next
-        frontier_out = self.root_out.expand(
-            kk, -1
-        )  # their parents' outputs (the layer input of the children)
-        parent_rows = None  # expanded-node row of each frontier node's parent (None: children of the root)
-        anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # ancestor-or-self among expanded nodes [M, M]
-        eye = torch.eye(kk, dtype=torch.bool, device=dev)
-        n_cand = kk
-        for d in range(1, depth):
-            m0 = anc.shape[0]
-            f = frontier.shape[0]
-            # each frontier row sees the context, its expanded ancestors (its parent's row) and itself
-            inherited = anc[parent_rows] if parent_rows is not None else anc.new_zeros(f, m0)
-            new_anc = torch.cat([inherited, eye[:f, :f]], 1)  # [F, m0 + F]
-            mask = torch.cat([torch.ones(f, ctx_len, dtype=torch.bool, device=dev), new_anc], 1)
-            tok = torch.cat(toks_l)[frontier]
+        parent_out = [
+            self.root_out.expand(self.top_k, -1)
+        ]  # outputs of the last step: the children's layer input
+
+        def expand(tok, attend, d, parent_local):
+            f = tok.shape[0]
+            inputs = parent_out[0] if parent_local is None else parent_out[0][parent_local]
+            mask = torch.cat([torch.ones(f, ctx_len, dtype=torch.bool, device=dev), attend], 1)  # context too
             ids = tok if self.vocab_ids is None else self.vocab_ids[tok]
             pos = torch.full((f,), ctx_len - 1 + d, device=dev)
-            self.kv.length = ctx_len + m0  # drafted rows live past the context until the next commit
+            self.kv.length = (
+                ctx_len + attend.shape[1] - f
+            )  # drafted rows live past the context until the commit
             out, _ = self.head.step(
                 self.embed[ids][None],
-                frontier_out[None],
+                inputs[None],
                 pos[None],
                 mask[None, None],
                 kv_extra=self.kv,
                 from_target=not self.eagle3,  # EAGLE-1 always fuses [embed; feature]; EAGLE-3 feeds its output
                 rope=self._rope(pos),
             )
-            anc = torch.cat([torch.cat([anc, anc.new_zeros(m0, f)], 1), new_anc], 0)
-            child = self._logp(out[0]).topk(kk, dim=-1)  # [F, top_k]
-            score = (torch.cat(score_l)[frontier][:, None] + child.values).flatten()  # cumulative log-prob
-            toks_l.append(child.indices.flatten())
-            score_l.append(score)
-            parent_l.append(frontier[:, None].expand(-1, kk).flatten())
-            best = score.topk(min(kk, score.numel())).indices  # the next depth expands the top_k of these
-            frontier = n_cand + best
-            parent_rows = m0 + best // kk
-            frontier_out = out[0][best // kk]
-            n_cand += score.numel()
+            parent_out[0] = out[0]
+            return self._logp(out[0])
+
+        toks, parents = dynamic_tree(
+            self._logp(self.root_out)[0], expand, top_k=self.top_k, depth=min(self.depth, k), total=self.total
+        )
         self.kv.length = ctx_len
-        all_tok, all_score, all_parent = torch.cat(toks_l), torch.cat(score_l), torch.cat(parent_l)
-        # rerank every candidate by cumulative log-prob; the depth penalty breaks ties (log-prob 0.0) in favour
-        # of parents, so a child never outranks its parent and the chosen set is closed under ancestors
-        depth_of = torch.cat([torch.full((t.numel(),), float(i), device=dev) for i, t in enumerate(toks_l)])
-        keep = (all_score - 1e-4 * depth_of).topk(min(self.total, n_cand)).indices.sort().values
-        where = {c: i for i, c in enumerate(keep.tolist())}
-        parents = [where[p] if p >= 0 else -1 for p in all_parent[keep].tolist()]
-        toks = all_tok[keep]
         ids = toks if self.vocab_ids is None else self.vocab_ids[toks]
         return Proposal(ids[None], parents)
 
@@ -260,4 +236,3 @@ def build_eagle(arg: str, ctx: DrafterContext) -> EagleProposer:
     if not isinstance(head, EagleHead):
         raise DraftsmithError(f"{path} holds a medusa head; use medusa:{path}")
     return EagleProposer(head, ctx.target, **o)
-
