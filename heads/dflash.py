@@ -26,25 +26,22 @@ from torch import nn
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.common import config_from_dict, target_info
-from draftsmith.heads.eagle import MLP, EagleHead, RMSNorm, _rotate_half, default_aux_layers, llama_shape
+from draftsmith.heads.eagle import (
+    MLP,
+    EagleHead,
+    LayerShape,
+    RMSNorm,
+    _rotate_half,
+    default_aux_layers,
+    llama_shape,
+)
 from draftsmith.modeling import base_decoder
 
 
 @dataclass
-class DFlashConfig:
-    hidden_size: int = 0
-    intermediate_size: int = 0
-    num_attention_heads: int = 0
-    num_key_value_heads: int = 0
-    head_dim: int = 0
+class DFlashConfig(LayerShape):
     num_hidden_layers: int = 1
     """Draft layers (1-5; DFlash ships 5 for Qwen3-8B)."""
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    max_position_embeddings: int = 2048
-    hidden_act: str = "silu"
-    vocab_size: int = 0
-    draft_vocab_size: int = 0
     target_hidden_size: int = 0
     block_size: int = 8
     """Rows per forward: the anchor + block_size-1 masks -> block_size-1 draft tokens."""

@@ -27,9 +27,10 @@ from draftsmith.modeling import base_decoder
 
 
 @dataclass
-class EagleConfig:
-    kind: str = "eagle3"
-    """eagle (EAGLE-1) or eagle3."""
+class LayerShape:
+    """Sizes of one Llama-style decoder layer, copied from the target (`llama_shape`), and the vocabularies: what
+    every trained draft layer (EAGLE, DFlash, early exit) records in its config.json."""
+
     hidden_size: int = 0
     intermediate_size: int = 0
     num_attention_heads: int = 0
@@ -42,7 +43,13 @@ class EagleConfig:
     hidden_act: str = "silu"
     vocab_size: int = 0
     draft_vocab_size: int = 0
-    """eagle3: rows of the draft lm_head (reduced vocabulary); eagle: = vocab_size (target head used)."""
+    """Rows of the draft's output head (a reduced vocabulary; = vocab_size when the target's head is used)."""
+
+
+@dataclass
+class EagleConfig(LayerShape):
+    kind: str = "eagle3"
+    """eagle (EAGLE-1) or eagle3."""
     target_hidden_size: int = 0
     aux_hidden_state_layer_ids: list[int] = field(default_factory=list)
     """eagle3: HF output_hidden_states indices of the fused features (index i = state entering layer i)."""

@@ -21,26 +21,16 @@ from torch import nn
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.common import target_info
-from draftsmith.heads.eagle import MLP, Attention, RMSNorm, rope_cos_sin
+from draftsmith.heads.eagle import MLP, Attention, LayerShape, RMSNorm, llama_shape, rope_cos_sin
 from draftsmith.heads.losses import shift_left
 
 HEAD_TYPE = "earlyexit"
 
 
 @dataclass
-class EarlyExitConfig:
+class EarlyExitConfig(LayerShape):
     exit_layer: int = 2
     """L: the draft runs the target's layers 0..L-1 and reads hidden_states[L] (the input of layer L)."""
-    hidden_size: int = 0
-    intermediate_size: int = 0
-    num_attention_heads: int = 0
-    num_key_value_heads: int = 0
-    head_dim: int = 0
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    vocab_size: int = 0
-    draft_vocab_size: int = 0
-    """Rows of the target's lm_head the draft scores (the most frequent tokens of the training data)."""
     num_target_layers: int = 0
 
     def __post_init__(self):
@@ -77,20 +67,12 @@ class EarlyExitAdapter(nn.Module):
         """A new adapter sized like one target layer; norms start as the target's final norm (h_L is read
         through it by an untrained adapter), output projections at zero (identity residual path)."""
         t = target_model.config
-        n_heads = t.num_attention_heads
-        rope = getattr(t, "rope_parameters", None) or {}
         ids = torch.arange(t.vocab_size) if draft_vocab_ids is None else draft_vocab_ids.to(torch.long).cpu()
         if ids.numel() == 0 or not bool((ids[1:] > ids[:-1]).all()) or int(ids[-1]) >= t.vocab_size:
             raise DraftsmithError("earlyexit draft vocab ids must be sorted, unique target ids")
         c = EarlyExitConfig(
             exit_layer=int(exit_layer),
-            hidden_size=t.hidden_size,
-            intermediate_size=intermediate_size or t.intermediate_size,
-            num_attention_heads=n_heads,
-            num_key_value_heads=getattr(t, "num_key_value_heads", n_heads),
-            head_dim=getattr(t, "head_dim", None) or t.hidden_size // n_heads,
-            rms_norm_eps=float(getattr(t, "rms_norm_eps", 1e-5)),
-            rope_theta=float(rope.get("rope_theta", getattr(t, "rope_theta", 10000.0))),
+            **{**llama_shape(t), "intermediate_size": intermediate_size or t.intermediate_size},
             vocab_size=t.vocab_size,
             draft_vocab_size=int(ids.numel()),
             num_target_layers=t.num_hidden_layers,
