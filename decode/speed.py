@@ -37,7 +37,11 @@ class StepCosts:
     drafted_per_step: float = 0.0  # mean tokens (tree nodes) drafted per verify step in the run
 
     def verify(self, n_tokens: float) -> float:
-        """Seconds of one target forward over n_tokens (>= 1) new tokens."""
+        """Seconds of one target forward over n_tokens (>= 1) new tokens; never below a plain step (a measured
+        multi-token forward faster than a one-token step is timing noise, and would put break-even tau below 1)."""
+        return max(self.step_s, self._interpolate(n_tokens))
+
+    def _interpolate(self, n_tokens: float) -> float:
         pts = sorted({1.0: self.step_s, **{float(n): s for n, s in self.verify_s.items()}}.items())
         if len(pts) == 1 or n_tokens <= pts[0][0]:
             return pts[0][1]

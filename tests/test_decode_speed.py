@@ -144,3 +144,11 @@ def _report(extra: dict) -> str:
 def test_measure_forward_costs_times_each_size(tiny_target):
     got = measure_forward_costs(tiny_target, sizes=(1, 3), context=16, reps=1)
     assert set(got) == {1, 3} and all(s > 0 for s in got.values())
+
+
+def test_a_noisy_fast_multi_token_forward_never_puts_break_even_below_one():
+    from draftsmith.decode.speed import StepCosts
+
+    costs = StepCosts(step_s=0.050, verify_s={2: 0.047, 5: 0.080})  # the 2-token probe timed faster: noise
+    assert costs.verify(2) == 0.050 and costs.break_even_tau(1) >= 1.0
+    assert costs.verify(5) == 0.080 and costs.verify(3.5) > 0.050
