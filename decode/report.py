@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from draftsmith.fileio import atomic_write
 
 from .speed import explain_result
 
@@ -113,12 +114,6 @@ def plot(result: dict, path: str | Path) -> None:
     plt.close(fig)
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".tmp{os.getpid()}.{path.name}")  # keeps the suffix (matplotlib reads it)
-    write(tmp)
-    os.replace(tmp, path)
-
-
 RESULT_FILES = ("eval.json", "report.md", "eval.png")
 """What write_outputs puts in an eval folder (a folder holding any of them holds an earlier run's results)."""
 
@@ -127,6 +122,6 @@ def write_outputs(result: dict, out_dir: str | Path) -> None:
     """out_dir/eval.json, report.md, eval.png (each written to a temp name, then renamed)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / "eval.png", lambda p: plot(result, p))
-    _atomic_write(out / "eval.json", lambda p: p.write_text(json.dumps(result, indent=2) + "\n"))
-    _atomic_write(out / "report.md", lambda p: p.write_text(render_markdown(result)))
+    atomic_write(out / "eval.png", lambda p: plot(result, p))
+    atomic_write(out / "eval.json", lambda p: p.write_text(json.dumps(result, indent=2) + "\n"))
+    atomic_write(out / "report.md", lambda p: p.write_text(render_markdown(result)))
