@@ -12,6 +12,7 @@ import torch
 from draftsmith.acceptance import tau_from_conditional
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.block_losses import dflash_loss, peagle_loss
+from draftsmith.heads.common import weighted_means
 from draftsmith.heads.dflash import DFlashDrafter
 from draftsmith.heads.eagle import EagleHead
 from draftsmith.heads.peagle import PEagleHead
@@ -39,11 +40,15 @@ def build_block_head(h, target, counts: torch.Tensor, vocab_ids: torch.Tensor, s
     n = target.config.num_hidden_layers
     mask = h.mask_token_id if h.mask_token_id is not None else pick_mask_token(counts, special)
     if not 0 <= mask < target.config.vocab_size:
-        raise DraftsmithError(f"head.mask_token_id {mask} is outside the target vocabulary [0, {target.config.vocab_size})")
+        raise DraftsmithError(
+            f"head.mask_token_id {mask} is outside the target vocabulary [0, {target.config.vocab_size})"
+        )
     if h.kind == "dflash":
         aux = h.aux_layers
         if aux is not None and (not aux or aux != sorted(set(aux)) or not all(0 <= i <= n for i in aux)):
-            raise DraftsmithError(f"head.aux_layers must be increasing hidden_states indices in [0, {n}], got {aux}")
+            raise DraftsmithError(
+                f"head.aux_layers must be increasing hidden_states indices in [0, {n}], got {aux}"
+            )
         if not 1 <= h.draft_layers <= 16 or h.block_size < 2:
             raise DraftsmithError(
                 f"dflash needs head.draft_layers in [1, 16] and head.block_size >= 2, got {h.draft_layers}, {h.block_size}"
@@ -72,17 +77,34 @@ def build_block_head(h, target, counts: torch.Tensor, vocab_ids: torch.Tensor, s
     return PEagleHead.from_target_head(base, mask_token_id=mask, num_depths=h.num_depths)
 
 
-def block_step(head, target, feats: dict, batch: dict, loss_cfg, *, exact: bool, depth: int | None = None,
-               full: bool = False, generator=None) -> tuple[torch.Tensor, dict[str, float]]:
+def block_step(
+    head,
+    target,
+    feats: dict,
+    batch: dict,
+    loss_cfg,
+    *,
+    exact: bool,
+    depth: int | None = None,
+    full: bool = False,
+    generator=None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """One loss evaluation of a block drafter (training: exact=False, full=False; held-out: exact=True and every
     P-EAGLE draft position scored (full=True), so its per-depth acceptance is conditional)."""
     emb, lmw = base_decoder(target).embed_tokens.weight, output_head(target).weight
-    kw = dict(loss=loss_cfg.kind, temperature=loss_cfg.temperature, beta=loss_cfg.beta, exact_acceptance=exact,
-              generator=generator)
+    kw = dict(
+        loss=loss_cfg.kind,
+        temperature=loss_cfg.temperature,
+        beta=loss_cfg.beta,
+        exact_acceptance=exact,
+        generator=generator,
+    )
     if isinstance(head, DFlashDrafter):
         return dflash_loss(head, emb, lmw, feats, batch, anchors=loss_cfg.anchors, gamma=loss_cfg.gamma, **kw)
     ratio = 1.0 if full else loss_cfg.cod_ratio
-    return peagle_loss(head, emb, lmw, feats, batch, depths=depth, cod_ratio=ratio, cod_min=loss_cfg.cod_min, **kw)
+    return peagle_loss(
+        head, emb, lmw, feats, batch, depths=depth, cod_ratio=ratio, cod_min=loss_cfg.cod_min, **kw
+    )
 
 
 @torch.no_grad()
@@ -90,18 +112,13 @@ def evaluate_block(head, target, batches: list[dict], hidden, loss_cfg) -> dict:
     """Held-out: acceptance per draft position (conditional, exact full-vocab argmax), simulated tau, loss per
     position. Anchors are drawn with a fixed seed so successive evals score the same blocks."""
     dev = next(head.parameters()).device
-    sums: dict[str, float] = {}
-    weights: dict[str, float] = {}
     gen = torch.Generator().manual_seed(0)
-    for batch in batches:
-        batch = {n: v.to(dev) for n, v in batch.items()}
-        _, m = block_step(head, target, hidden(batch), batch, loss_cfg, exact=True, full=True, generator=gen)
-        w = float(batch["loss_mask"].sum())
-        for key, v in m.items():
-            if key.startswith(("acc_", "top1_", "loss_")):
-                sums[key] = sums.get(key, 0.0) + v * w
-                weights[key] = weights.get(key, 0.0) + w
-    avg = {k: sums[k] / weights[k] for k in sums}
+    avg = weighted_means(
+        batches,
+        dev,
+        lambda b: block_step(head, target, hidden(b), b, loss_cfg, exact=True, full=True, generator=gen)[1],
+        lambda b, m: float(b["loss_mask"].sum()),
+    )
     n_pos = (head.config.block_size - 1) if isinstance(head, DFlashDrafter) else head.num_depths
     acc = [avg[f"acc_{i}"] for i in range(n_pos) if f"acc_{i}" in avg]
     return {

@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 HEAD_TYPES = ("medusa", "eagle", "eagle3", "earlyexit", "dflash", "peagle")
 
 
-
 def embedding_fingerprint(emb: torch.Tensor) -> list[float]:
     """Cheap statistics of input embeddings [V, H]: tell two same-shape targets apart (seed, finetune)."""
     rows = emb.detach()[: min(16, emb.shape[0])].float()
@@ -53,7 +52,9 @@ def target_info(model) -> dict[str, Any]:
     hub_id = source.get("hub_id") or (name if name.count("/") == 1 and not Path(name).exists() else None)
     # the folder the weights were read from (a dequantized GGUF's cache folder included): `name` is only its
     # basename, which engines reading the export (speculators' verifier) cannot resolve
-    folder = next((Path(c) for c in (source.get("path"), name) if c and (Path(c) / "config.json").is_file()), None)
+    folder = next(
+        (Path(c) for c in (source.get("path"), name) if c and (Path(c) / "config.json").is_file()), None
+    )
     return {
         "name_or_path": name,
         "hub_id": hub_id,
@@ -221,3 +222,21 @@ def chunked_soft_ce(
     k = min(topk, weight.shape[0])
     rows = (hidden, target_hidden.detach())
     return _sum_chunks(_soft_ce_chunk, rows, (weight, target_weight, k), chunk_size, grad)
+
+
+def weighted_means(
+    batches, device, metrics_of, weight_of, prefixes=("acc_", "top1_", "loss_")
+) -> dict[str, float]:
+    """Held-out evals: run `metrics_of(batch) -> {name: value}` on every batch (moved to `device`) and average the
+    metrics whose names start with `prefixes`, weighted by `weight_of(batch, metrics)` (e.g. the scored tokens)."""
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for batch in batches:
+        batch = {n: v.to(device) for n, v in batch.items()}
+        m = metrics_of(batch)
+        w = weight_of(batch, m)
+        for key, v in m.items():
+            if key.startswith(prefixes):
+                sums[key] = sums.get(key, 0.0) + v * w
+                weights[key] = weights.get(key, 0.0) + w
+    return {key: sums[key] / weights[key] for key in sums if weights[key]}

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.acceptance import tau_from_conditional, tau_tree
+from draftsmith.heads.common import weighted_means
 from draftsmith.heads.hidden import HiddenStates
 from draftsmith.heads.losses import EAGLE_LOSSES
 from draftsmith.heads.medusa import MedusaHeads
@@ -51,7 +52,9 @@ class HeadTrainer(nn.Module):
         elif getattr(self.head, "head_type", None) in ("dflash", "peagle"):
             from draftsmith.heads.block_recipe import block_step
 
-            loss, m = block_step(self.head, self.frozen_target, self.hidden(batch), batch, self.loss_cfg, exact=False)
+            loss, m = block_step(
+                self.head, self.frozen_target, self.hidden(batch), batch, self.loss_cfg, exact=False
+            )
         elif isinstance(self.head, MedusaHeads):
             if self.medusa2 is not None:
                 return self._medusa2(ids, am, lm)
@@ -163,18 +166,12 @@ def evaluate_heads(
         from draftsmith.heads.block_recipe import evaluate_block
 
         return evaluate_block(head, t, batches, hidden, c)
-    sums: dict[str, float] = {}
-    weights: dict[str, float] = {}
-    for batch in batches:
-        batch = {n: v.to(dev) for n, v in batch.items()}
-        feats = hidden(batch)
-        _, m = EAGLE_LOSSES[head.config.kind](head, t, feats, batch, c, ttt_steps=eval_depth)
-        w = float(batch["loss_mask"].sum())
-        for key, v in m.items():
-            if key.startswith(("acc_", "top1_", "loss_")):
-                sums[key] = sums.get(key, 0.0) + v * w
-                weights[key] = weights.get(key, 0.0) + w
-    avg = {key: sums[key] / weights[key] for key in sums}
+    avg = weighted_means(
+        batches,
+        dev,
+        lambda b: EAGLE_LOSSES[head.config.kind](head, t, hidden(b), b, c, ttt_steps=eval_depth)[1],
+        lambda b, m: float(b["loss_mask"].sum()),
+    )
     acc = [avg[f"acc_{i}"] for i in range(eval_depth) if f"acc_{i}" in avg]
     return {
         "acceptance_per_depth": acc,
@@ -183,33 +180,32 @@ def evaluate_heads(
     }
 
 
-
-def _evaluate_earlyexit(trainer: HeadTrainer, batches: list[dict], hidden: HiddenStates, eval_depth: int) -> dict:
+def _evaluate_earlyexit(
+    trainer: HeadTrainer, batches: list[dict], hidden: HiddenStates, eval_depth: int
+) -> dict:
     """Early exit: held-out greedy acceptance per chain depth against the target's argmax over the FULL
     vocabulary (teacher-forced along the held-out text) and simulated tau = 1 + sum_i prod_{j<=i} a_i."""
     from draftsmith.heads.earlyexit import earlyexit_loss
 
     head, c = trainer.head, trainer.loss_cfg
     dev = next(head.parameters()).device
-    num: dict[str, float] = {}
-    den: dict[str, float] = {}
-    for batch in batches:
-        batch = {n: v.to(dev) for n, v in batch.items()}
-        _, m = earlyexit_loss(
+
+    def metrics_of(batch):
+        return earlyexit_loss(
             head, output_head(trainer.frozen_target).weight, hidden(batch), hidden.aux_layers,
             batch["attention_mask"], batch["loss_mask"], loss=c.kind, temperature=c.temperature, beta=c.beta,
             depth=eval_depth, exact_acceptance=True,
-        )  # fmt: skip
-        w = m.get("n_rows", 0.0)
-        for key, v in m.items():
-            if key.startswith(("acc_", "loss_")):
-                num[key] = num.get(key, 0.0) + v * w
-                den[key] = den.get(key, 0.0) + w
-    acc = [num[f"acc_{i}"] / den[f"acc_{i}"] for i in range(eval_depth) if den.get(f"acc_{i}")]
+        )[1]  # fmt: skip
+
+    avg = weighted_means(
+        batches, dev, metrics_of, lambda b, m: m.get("n_rows", 0.0), prefixes=("acc_", "loss_")
+    )
+    acc = [avg[f"acc_{i}"] for i in range(eval_depth) if f"acc_{i}" in avg]
     return {
         "acceptance_per_depth": acc,
         "tau_sim": tau_from_conditional(acc),
-        "loss_per_depth": [num["loss_0"] / den["loss_0"]] if den.get("loss_0") else [],
+        "loss_per_depth": [avg["loss_0"]] if "loss_0" in avg else [],
     }
+
 
 __all__ = ["HeadTrainer", "chain_tree", "evaluate_heads"]
