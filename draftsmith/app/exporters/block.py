@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.app.exporters.eagle3 import DTYPES, check_vocab_map, speculators_eagle3
+from draftsmith.app.exporters.eagle3 import DTYPES, LLAMA_KEYS, check_vocab_map, speculators_eagle3
 from draftsmith.app.exporters.verifier import EMBED, resolve_verifier, target_embeddings
 from draftsmith.checkpoint import (
     Checkpoint,
@@ -33,18 +33,7 @@ from draftsmith.checkpoint import (
 from draftsmith.errors import DraftsmithError
 
 KINDS = ("dflash", "peagle")
-QWEN3_KEYS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "rms_norm_eps",
-    "hidden_act",
-    "max_position_embeddings",
-    "vocab_size",
-    "num_hidden_layers",
-)
+QWEN3_KEYS = (*LLAMA_KEYS, "vocab_size", "num_hidden_layers")  # the decoder-layer fields, plus these
 
 
 def _dflash_common(ckpt: Checkpoint) -> tuple[dict, list[int], dict[str, torch.Tensor]]:
