@@ -76,9 +76,11 @@ def test_costbench_speedup_follows_from_measured_costs(tiny_run):
         step = res["plain_step_s"][mode]
         host = max(step - fw["1"], 0.0)
         draft = res["drafters"]["draft@k=3"]["step_s"]
-        want = 2.5 * step / (draft + fw["4"] + host)
+        # a verify never costs less than a plain step (a faster 4-token forward is timing noise on a tiny model)
+        verify = max(fw["4"] + host, step)
+        want = 2.5 * step / (draft + verify)
         assert row[mode]["speedup"] == pytest.approx(want, rel=1e-9)
-        assert row[mode]["break_even_tau"] == pytest.approx((draft + fw["4"] + host) / step, rel=1e-9)
+        assert row[mode]["break_even_tau"] == pytest.approx((draft + verify) / step, rel=1e-9)
     md = costbench.markdown(res)
     assert "Predicted speedup" in md and "| 64 |" not in md and "| 4 |" in md
 
