@@ -11,10 +11,16 @@ vllm qwen3_dflash.py, speculators models/dflash + models/peagle, Nov 2026):
   fc takes len(ids) * hidden_size inputs: the draft's hidden size must equal the target's.
 - speculators `DFlashSpeculator`: the same layers plus lm_head over a reduced draft vocabulary with d2t / t2d
   (embed_tokens excluded), transformer_layer_config (qwen3), draft_vocab_size, block_size, mask_token_id,
-  aux_hidden_state_layer_ids. The ids are written in vLLM's layer-input convention, draftsmith's own (as for
-  EAGLE-3, where vLLM's capture loop was checked; the DFlash path was not run here).
-- speculators `PEagleSpeculator`: the EAGLE-3 speculators folder + speculators_model_type "peagle", mask_token_id and
-  the learned `mask_hidden` [1, 1, 3 H_t].
+  aux_hidden_state_layer_ids. The ids are layer inputs, draftsmith's own: speculators' DFlash converter writes z-lab
+  id + 1, and vLLM's speculators config reader (update_dflash) passes them as-is to the capture loop and as id - 1
+  to dflash_config.target_layer_ids. speculators sizes fc as n_aux * the draft hidden size (so it must equal the
+  target's, as for SGLang). With a full draft vocabulary speculators keeps no d2t / t2d and vLLM has no parameter
+  for them (its loader raises on a d2t there), so they are left out; speculators also replaces a full-vocabulary
+  lm_head with the verifier's on load, so only a frozen (target) head can go out that way.
+- speculators `PEagleSpeculator`: the EAGLE-3 speculators folder + speculators_model_type "peagle", mask_token_id
+  (vLLM's pard_token) and the learned `mask_hidden` [1, 1, 3 H_t]; d2t / t2d left out for a full vocabulary, as above.
+Checked by loading the exports with speculators 0.9.0's from_pretrained and comparing its DFlash forward with ours
+(scripts/check_engine_loaders.sh); vLLM 0.33.0 and SGLang 0.5.23 were read, not run (they need CUDA).
 """
 
 from __future__ import annotations
@@ -111,10 +117,25 @@ def _verifier(ckpt: Checkpoint) -> dict:
     return {"name_or_path": name, "architectures": list(target.get("architectures") or [])}
 
 
+def _full_vocab(tensors: dict[str, torch.Tensor]) -> bool:
+    return tensors["d2t"].numel() == tensors["t2d"].numel()
+
+
 def speculators_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json, tensors) in vLLM's speculators DFlash layout (reduced vocabulary kept, d2t / t2d)."""
     layer, ids, tensors = _dflash_common(ckpt)
     cfg = ckpt.config
+    if cfg["hidden_size"] != cfg["target_hidden_size"]:
+        raise DraftsmithError(
+            f"{ckpt.path}: speculators sizes DFlash's fc as n_aux * hidden_size, so the draft hidden size "
+            f"{cfg['hidden_size']} must equal the target's {cfg['target_hidden_size']}; retrain at the target's width"
+        )
+    full = _full_vocab(tensors)
+    if full and not cfg.get("frozen_lm_head"):
+        raise DraftsmithError(
+            f"{ckpt.path}: speculators replaces a full-vocabulary DFlash lm_head with the target's on load, but this "
+            "drafter trained its own; retrain with a reduced draft vocabulary or head.draft_vocab_size: 0 (frozen)"
+        )
     block = int(cfg["block_size"])
     config = {
         "architectures": ["DFlashSpeculator"],
@@ -138,11 +159,13 @@ def speculators_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]
         "target_hidden_size": int(cfg["target_hidden_size"]),
         "aux_hidden_state_layer_ids": ids,
         "mask_token_id": int(cfg["mask_token_id"]),
+        "sample_from_anchor": False,  # the anchor row predicts nothing: block_size - 1 draft tokens
         "torch_dtype": DTYPES.get(tensors["fc.weight"].dtype, "float32"),
     }
-    out = {k: v.contiguous() for k, v in tensors.items()}
-    _check(out, cfg, "dflash", f"speculators-dflash export of {ckpt.path}")
-    if EMBED not in out and cfg["hidden_size"] == cfg["target_hidden_size"]:
+    vocab_map = ("d2t", "t2d") if full else ()
+    out = {k: v.contiguous() for k, v in tensors.items() if k not in vocab_map}
+    _check(out, cfg, "dflash", f"speculators-dflash export of {ckpt.path}", drop=vocab_map)
+    if EMBED not in out:
         # speculators' DFlash model (DraftVocabMixin) NaN-fills embed_tokens unless the folder carries it
         name, local = resolve_verifier(ckpt)
         emb = target_embeddings(ckpt, name, local, shape=(int(cfg["vocab_size"]), int(cfg["hidden_size"])))
@@ -171,6 +194,8 @@ def speculators_peagle(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]
             f"{ckpt.path}: mask_hidden has shape {list(mask_hidden.shape)}, expected {list(want)}"
         )
     out["mask_hidden"] = mask_hidden.contiguous()
+    if _full_vocab(out):
+        del out["d2t"], out["t2d"]
     cfg.update(
         architectures=["PEagleSpeculator"],
         speculators_model_type="peagle",
