@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.cpulayout import tune_linears
 from draftsmith.errors import DraftsmithError
 
 log = logging.getLogger(__name__)
@@ -240,8 +241,11 @@ def load_model(
     device: str | torch.device | None = None,
     trust_remote_code: bool = False,
     train: bool = False,
+    inference: bool = False,
 ):
-    """Load a causal LM (eval mode unless `train`). GGUF weights are dequantized once and cached."""
+    """Load a causal LM (eval mode unless `train`). GGUF weights are dequantized once and cached. `inference`: the
+    model only decodes (no training, no sharding engine), so on a CPU its Linears get the measured fastest weight
+    layout for few-token forwards (draftsmith.cpulayout)."""
     from transformers import AutoModelForCausalLM
 
     ref = spec if isinstance(spec, ModelRef) else resolve(spec)
@@ -262,6 +266,8 @@ def load_model(
     model.train(train)
     if not train:
         model.requires_grad_(False)
+    if inference and not train:
+        model.draftsmith_cpu_layout = tune_linears(model)
     return model
 
 

@@ -119,7 +119,7 @@ def generate_dataset(
     if not plist:
         raise DraftsmithError("the prompt list is empty; pass at least one prompt")
     tokenizer = tokenizer or models.load_tokenizer(target)
-    model = model or models.load_model(target, dtype=dtype, device=device)
+    model = model or models.load_model(target, dtype=dtype, device=device, inference=True)
     done = {row["id"] for row in _iter_rows(out, manifest)} if manifest else set()
     todo = _select_prompts(plist, done, tokenizer, model, max_new_tokens, skip_long, max_prompt_tokens)
     manifest = manifest or {

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftsmith.decode.drafters import DrafterContext
     from draftsmith.prompts import load_prompts, prompt_ids
 
-    target = models.load_model(a.target)
+    target = models.load_model(a.target, inference=True)
     tok = models.load_tokenizer(a.target)
     ctx = DrafterContext(target, tok, next(target.parameters()).device)
     dec = SpeculativeDecoder(target, tok)

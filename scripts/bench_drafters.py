@@ -1,6 +1,6 @@
-"""Self-speculative drafters next to the others, ONE process, same target, prompts and settings (greedy).
+"""Drafters side by side (any `draftsmith eval` specs), ONE process, same target, prompts and settings (greedy).
 
-    python scripts/bench_selfspec.py --prompts builtin:dev-eval --limit 12 --max-new-tokens 64 \
+    python scripts/bench_drafters.py --prompts builtin:dev-eval --limit 12 --max-new-tokens 64 \
         --drafter eagle3=eagle:runs/heads-eagle3/final,top_k=6,depth=3,total_tokens=10@6 \
         --drafter earlyexit=earlyexit:runs/earlyexit/final,stop_below=0.3@6 \
         --drafter earlyexit-noreuse=earlyexit:runs/earlyexit/final,stop_below=0.3,reuse=0@6 \
@@ -10,7 +10,8 @@ Each `--drafter NAME=SPEC@K` is a `draftsmith eval` drafter spec and its draft l
 and every drafter run once, in an order rotated per prompt, after a 16-token warm-up of each (not counted). Printed per
 drafter: tau (bonus included), alpha per position, draft cost per drafted token as a fraction of a plain target
 step, verify time per step, speedup (tokens/s over plain's, same run), extra bytes (tensors the drafter holds
-that are not the target's own), lossless (greedy output == plain). Writes --out/bench.json and bench.png.
+that are not the target's own), lossless (greedy output == plain), tau per prompt group (HumanEval vs chat).
+Writes --out/bench.json and bench.png.
 """
 
 from __future__ import annotations
@@ -65,6 +66,20 @@ def extra_bytes(obj, target) -> int:
     return total
 
 
+def group(prompt) -> str:
+    """HumanEval vs the rest (chat prompts: Vicuna, training-set chat), as the block-drafter comparison reports."""
+    return "humaneval" if prompt.category == "humaneval" else "chat"
+
+
+def tau_by_group(results, groups: list[str]) -> dict[str, float]:
+    out = {}
+    for g in sorted(set(groups)):
+        rs = [r for r, gi in zip(results, groups) if gi == g]
+        steps = sum(len(r.accepted) for r in rs)
+        out[g] = (sum(sum(r.accepted) for r in rs) + steps) / max(steps, 1)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m")
@@ -72,7 +87,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--drafter", action="append", required=True, help="NAME=SPEC@K (repeatable)")
-    ap.add_argument("--out", default="runs/bench_selfspec")
+    ap.add_argument("--out", default="runs/bench_drafters")
     ap.add_argument("--dtype", default=None)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
@@ -84,7 +99,7 @@ def main() -> None:
             raise SystemExit(f"error: --drafter {d!r} must be NAME=SPEC@K, e.g. eagle3=eagle:DIR@6")
         specs.append((name, spec, int(k)))
     tok = models.load_tokenizer(args.target)
-    target = models.load_model(args.target, dtype=args.dtype)
+    target = models.load_model(args.target, dtype=args.dtype, inference=True)
     dev = next(target.parameters()).device
     ctx = DrafterContext(target=target, tokenizer=tok, device=dev, target_spec=args.target)
     props = {name: (build_proposer(spec, ctx), k) for name, spec, k in specs}
@@ -124,6 +139,7 @@ def main() -> None:
             "speedup": (tokens / t_total) / (p_tokens / p_time),
             "extra_bytes": extra_bytes(p, target),
             "lossless": all(a.tokens == b.tokens for a, b in zip(rs, plain)),
+            "tau_by_group": tau_by_group(rs, [group(q) for q in prompts]),
         }
     out = {"target": args.target, "prompts": args.prompts, "n_prompts": len(plain), "max_new_tokens":
            args.max_new_tokens, "dtype": str(target.dtype), "threads": torch.get_num_threads(),
@@ -131,11 +147,13 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "bench.json").write_text(json.dumps(out, indent=1) + "\n")
     print(f"\nplain: {p_tokens / p_time:.1f} tokens/s, {1e3 * step_s:.1f} ms per target step ({len(plain)} prompts)")
-    print("| drafter | k | tau | alpha per position | draft cost / target step | verify ms/step | speedup | extra MB | lossless |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| drafter | k | tau | tau chat / humaneval | alpha per position | draft cost / target step | verify ms/step | "
+          "speedup | extra MB | lossless |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for m, r in rows.items():
         alpha = " ".join("-" if a is None else f"{a:.2f}" for a in r["alpha_per_position"])
-        print(f"| {m} | {r['k']} | {r['tau']:.2f} | {alpha} | {r['draft_cost_per_token']:.3f} | "
+        groups = " / ".join(f"{t:.2f}" for t in r["tau_by_group"].values())
+        print(f"| {m} | {r['k']} | {r['tau']:.2f} | {groups} | {alpha} | {r['draft_cost_per_token']:.3f} | "
               f"{r['verify_ms_per_step']:.1f} | {r['speedup']:.2f}x | {r['extra_bytes'] / 2**20:.1f} | {r['lossless']} |")  # fmt: skip
     try:
         import matplotlib

@@ -164,7 +164,7 @@ def test_one_tau_formula_chain_tree_and_text_agree():
     acc = torch.tensor([0.9, 0.5, 0.25, 1.0, 0.8])
     seg = torch.tensor([0, 0, 0, 1, 1])
     got = acceptance.tau_along_text(acc, seg, ks=[1, 3])
-    for t, (lo, hi) in enumerate([(0, 3), (0, 3), (0, 3), (3, 5), (3, 5)]):
+    for t, (_lo, hi) in enumerate([(0, 3), (0, 3), (0, 3), (3, 5), (3, 5)]):
         for k in (1, 3):
             expect = acceptance.tau_from_conditional(acc[t:hi].tolist(), k)
             assert float(got[k][t]) == pytest.approx(expect)

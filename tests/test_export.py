@@ -42,13 +42,15 @@ def _randomize(module, seed):
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
 
 
-def _eagle3_head(target, out, norm_before_residual=False):
+def _eagle3_head(target, out, norm_before_residual=False, full_vocab=False):
     from draftsmith.heads.eagle import EagleHead
     from draftsmith.heads.io import save_head
 
     vocab_ids = torch.sort(
         torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(3))[:40]
     ).values
+    if full_vocab:
+        vocab_ids = torch.arange(target.config.vocab_size)
     head = EagleHead.from_target(
         target, "eagle3", draft_vocab_ids=vocab_ids, aux_layers=AUX, norm_before_residual=norm_before_residual
     )
@@ -255,6 +257,15 @@ def test_speculators_files_config_and_round_trip(target, tmp_path, norm_before_r
     flat = {**layer, "vocab_size": layer["vocab_size"]}
     engine = eagle3_reference(flat, t, embeds, aux, "layers.0.", cfg["norm_before_residual"])
     assert torch.allclose(engine, _native_logits(head, target, ids), atol=1e-4, rtol=1e-4)
+
+
+def test_speculators_full_vocab_has_no_vocab_map(target, tmp_path):
+    """With the whole target vocabulary as draft vocabulary speculators creates no d2t / t2d, and vLLM 0.33's
+    Eagle3 load_weights renames d2t to a parameter that only exists for a reduced vocabulary (it raises)."""
+    _eagle3_head(target, tmp_path / "head", full_vocab=True)
+    cfg, t = read_export(export(tmp_path / "head", "speculators", tmp_path / "spec"))
+    assert "d2t" not in t and "t2d" not in t
+    assert cfg["draft_vocab_size"] == target.config.vocab_size == t["lm_head.weight"].shape[0]
 
 
 def _sglang_param_for(name):

@@ -9,9 +9,9 @@ from draftsmith.acceptance import tau_tree as expected_tau
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads import EagleHead, MedusaHeads, load_head, save_head
 from draftsmith.heads.hidden import target_features
-from draftsmith.heads.losses import eagle1_loss, eagle3_loss, ttt_unroll
-from draftsmith.heads.recipe import LossSection
+from draftsmith.heads.losses import eagle3_loss, ttt_unroll
 from draftsmith.heads.proposers import EagleProposer
+from draftsmith.heads.recipe import LossSection
 from draftsmith.heads.trees import medusa_tree, tree_parents
 from draftsmith.testing import tiny_llama
 

@@ -34,7 +34,9 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.app.drafters import tune_proposer
 from draftsmith.app.shapes import DRAFT_FOR, SHAPES, n_params, random_causal_lm
+from draftsmith.cpulayout import tune_linears
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import parse_kv
 from draftsmith.decode.proposer import Proposer
@@ -296,6 +298,7 @@ def run(
     budget = Budget(a.budget_s)
     t0 = time.perf_counter()
     target = random_causal_lm(a.shape, device, _dtype(a.dtype))
+    layout = tune_linears(target.requires_grad_(False))  # as draftsmith eval loads a target (a no-op on GPUs)
     out: dict = {
         "args": asdict(a),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -305,6 +308,7 @@ def run(
         "plain_step_s": {},
         "drafters": {},
         "skipped": [],
+        "cpu_layout": layout,
     }
     for key in ("forward_s", "plain_step_s", "drafters", "skipped"):
         out[key] = {**(prior or {}).get(key, {})} if key != "skipped" else list((prior or {}).get(key, []))
@@ -336,7 +340,7 @@ def run(
         if key in out["drafters"] or not budget.ok(f"drafter/{key}"):
             continue
         if (kind, opts) not in built:
-            built[(kind, opts)] = BUILDERS[kind][0](target, a, dict(opts))
+            built[(kind, opts)] = tune_proposer(BUILDERS[kind][0](target, a, dict(opts)))
         res = time_proposer(built[(kind, opts)], target, a.context, k, steps=a.reps)
         out["drafters"][key] = res
         progress(f"drafter {key}: {res['step_s'] * 1e3:.2f} ms/step, {res['nodes']:.1f} nodes")

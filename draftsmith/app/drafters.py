@@ -6,6 +6,9 @@ its builder lives in the method package that implements it (decode/, heads/, ...
 
 from __future__ import annotations
 
+from torch import nn
+
+from draftsmith.cpulayout import tune_linears
 from draftsmith.decode.drafters import Builder, DrafterContext, build_draft, build_ngram
 from draftsmith.decode.proposer import Proposer
 from draftsmith.errors import DraftsmithError
@@ -58,4 +61,12 @@ def validate_spec(spec: str) -> tuple[str, str]:
 def build_proposer(spec: str, ctx: DrafterContext) -> Proposer:
     """Turn 'kind:arg' into a Proposer (loading weights if the kind has any)."""
     kind, arg = split_spec(spec)
-    return DRAFTERS[kind](arg, ctx)
+    return tune_proposer(DRAFTERS[kind](arg, ctx))
+
+
+def tune_proposer(proposer: Proposer) -> Proposer:
+    """Freeze the proposer's own modules (decode only) and give them the CPU weight layout (draftsmith.cpulayout)."""
+    for value in vars(proposer).values():
+        if isinstance(value, nn.Module):
+            tune_linears(value.requires_grad_(False))
+    return proposer

@@ -205,7 +205,7 @@ def quickstart(
     timings: dict[str, float] = {}
     tok = models.load_tokenizer(target)
     device = models.default_device()
-    model = models.load_model(target, device=device)
+    model = models.load_model(target, device=device, inference=True)
     n_layers = model.config.num_hidden_layers
     dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     # prompts must leave room for the answer (and the decoder's k+1 lookahead) in the target's context

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if not prompts:
         raise DraftsmithError(f"no prompts loaded from {args.prompts}")
     tok = models.load_tokenizer(args.target)
-    target = models.load_model(args.target, dtype=args.dtype, device=args.device)
+    target = models.load_model(args.target, dtype=args.dtype, device=args.device, inference=True)
     n = target.config.num_hidden_layers
     if n < 2:
         raise DraftsmithError(f"the target has {n} layer(s); layer skipping needs at least 2")

@@ -27,7 +27,13 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.app.exporters.eagle3 import DTYPES, LLAMA_KEYS, check_vocab_map, speculators_eagle3
+from draftsmith.app.exporters.eagle3 import (
+    DTYPES,
+    LLAMA_KEYS,
+    check_vocab_map,
+    full_vocab,
+    speculators_eagle3,
+)
 from draftsmith.app.exporters.verifier import EMBED, resolve_verifier, target_embeddings
 from draftsmith.checkpoint import (
     Checkpoint,
@@ -117,10 +123,6 @@ def _verifier(ckpt: Checkpoint) -> dict:
     return {"name_or_path": name, "architectures": list(target.get("architectures") or [])}
 
 
-def _full_vocab(tensors: dict[str, torch.Tensor]) -> bool:
-    return tensors["d2t"].numel() == tensors["t2d"].numel()
-
-
 def speculators_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json, tensors) in vLLM's speculators DFlash layout (reduced vocabulary kept, d2t / t2d)."""
     layer, ids, tensors = _dflash_common(ckpt)
@@ -130,7 +132,7 @@ def speculators_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]
             f"{ckpt.path}: speculators sizes DFlash's fc as n_aux * hidden_size, so the draft hidden size "
             f"{cfg['hidden_size']} must equal the target's {cfg['target_hidden_size']}; retrain at the target's width"
         )
-    full = _full_vocab(tensors)
+    full = full_vocab(tensors)
     if full and not cfg.get("frozen_lm_head"):
         raise DraftsmithError(
             f"{ckpt.path}: speculators replaces a full-vocabulary DFlash lm_head with the target's on load, but this "
@@ -193,9 +195,7 @@ def speculators_peagle(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]
         raise DraftsmithError(
             f"{ckpt.path}: mask_hidden has shape {list(mask_hidden.shape)}, expected {list(want)}"
         )
-    out["mask_hidden"] = mask_hidden.contiguous()
-    if _full_vocab(out):
-        del out["d2t"], out["t2d"]
+    out["mask_hidden"] = mask_hidden.contiguous()  # (speculators_eagle3 drops d2t / t2d for a full vocabulary)
     cfg.update(
         architectures=["PEagleSpeculator"],
         speculators_model_type="peagle",

@@ -252,4 +252,11 @@ def speculators_eagle3(
         "target_hidden_size": cfg["target_hidden_size"],
     }
     _check_out(out, "speculators", flat, "layers.0.")  # embed_tokens.weight is checked as [V, H] here
+    if full_vocab(out):  # speculators keeps no d2t / t2d then, and vLLM's load_weights raises on a d2t it has no slot for
+        del out["d2t"], out["t2d"]
     return cfg, out
+
+
+def full_vocab(tensors: dict[str, torch.Tensor]) -> bool:
+    """The draft vocabulary is the whole target vocabulary (d2t all zeros: draft id == target id)."""
+    return tensors["d2t"].numel() == tensors["t2d"].numel()

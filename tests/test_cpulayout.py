@@ -1,0 +1,108 @@
+"""CPU weight layout for few-token forwards (draftsmith.cpulayout): same outputs, same state_dict, the dispatch
+really picks the layout the measurement chose, and speculative decoding on a re-laid target stays lossless."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from draftsmith import cpulayout
+from draftsmith.cpulayout import ROWS, TunedLinear, measure_shape, tune_linears
+from draftsmith.decode.decoder import SpeculativeDecoder
+from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
+from draftsmith.testing import tiny_llama
+
+PROMPT = torch.tensor([[1, 40, 50, 60, 70, 80, 40, 50, 60, 90, 40, 50]])
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """Make every shape's measurement say: row-major wins for 2 and 3 rows (as measured on AVX-512 Xeons)."""
+    decisions = {}
+    monkeypatch.setattr(cpulayout, "_DECISIONS", decisions)
+    monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: frozenset({2, 3}))
+    return decisions
+
+
+def test_outputs_state_dict_and_ties_are_unchanged(forced):
+    base = tiny_llama(seed=3, tie_word_embeddings=True)
+    base.requires_grad_(False)
+    assert base.lm_head.weight is base.model.embed_tokens.weight
+    tuned = copy.deepcopy(base)
+    summary = tune_linears(tuned)
+    n_linear = sum(type(m) is nn.Linear for m in base.modules())
+    assert summary["tuned"] == n_linear == summary["dual"]
+    assert all(type(m) is not nn.Linear for m in tuned.modules())
+    assert tuned.lm_head.weight.stride() == (1, tuned.lm_head.weight.shape[0])  # column-major
+    assert tuned.model.embed_tokens.weight.is_contiguous()  # the embedding keeps its own row-major weight
+    sd_base, sd_tuned = base.state_dict(), tuned.state_dict()
+    assert sd_base.keys() == sd_tuned.keys()
+    for key in sd_base:
+        assert torch.equal(sd_base[key], sd_tuned[key]), key
+    for rows in (1, 2, 3, 4, 7, 16, 40):
+        ids = torch.randint(3, 300, (1, rows))
+        torch.testing.assert_close(tuned(ids).logits, base(ids).logits, rtol=1e-5, atol=1e-5)
+    assert tune_linears(tuned)["tuned"] == 0  # idempotent
+
+
+def test_dispatch_uses_the_row_major_copy_exactly_for_its_row_counts(forced):
+    lin = nn.Linear(32, 16).requires_grad_(False)
+    holder = nn.Sequential(lin)
+    tune_linears(holder)
+    assert isinstance(lin, TunedLinear) and lin.row_major_rows == {2, 3}
+    lin.row_major.zero_()  # poison the copy: only forwards that read it change
+    for rows, reads_copy in (
+        (1, False),
+        (2, True),
+        (3, True),
+        (4, False),
+        (5, False),
+        (12, False),
+        (20, False),
+    ):
+        out = lin(torch.randn(rows, 32))
+        assert torch.equal(out, lin.bias.expand_as(out)) == reads_copy, rows
+    lin.weight.requires_grad_(True)  # a weight that trains again never reads the (now stale) copy
+    out = lin(torch.randn(2, 32))
+    assert not torch.equal(out, lin.bias.expand_as(out))
+
+
+def test_skips_trainable_and_respects_the_off_switch(forced, monkeypatch):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).requires_grad_(False))
+    assert tune_linears(model)["tuned"] == 1
+    assert type(model[0]) is nn.Linear and isinstance(model[1], TunedLinear)
+    monkeypatch.setenv("DRAFTSMITH_CPU_LAYOUT", "off")
+    other = nn.Sequential(nn.Linear(8, 8).requires_grad_(False))
+    assert tune_linears(other)["tuned"] == 0 and type(other[0]) is nn.Linear
+
+
+def test_no_room_for_both_layouts_keeps_one(forced):
+    model = nn.Sequential(nn.Linear(64, 64).requires_grad_(False))
+    summary = tune_linears(model, max_extra_bytes=0)
+    assert summary["dual"] == 0 and summary["extra_mib"] == 0
+    assert isinstance(model[0], TunedLinear) and not model[0].row_major_rows  # col-major wins 6 of 8 counts
+
+
+def test_measurement_is_real_and_cached(monkeypatch):
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+    rows = measure_shape(48, 40, torch.float32)
+    assert rows <= set(ROWS)
+    assert cpulayout._DECISIONS[(48, 40, torch.float32)] == rows
+
+
+def test_greedy_speculative_on_a_tuned_target_equals_plain_greedy_on_the_original(forced):
+    base = tiny_llama(seed=0)
+    base.requires_grad_(False)
+    plain = base.generate(PROMPT, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=2)
+    tuned = copy.deepcopy(base)
+    tune_linears(tuned)
+    other = tiny_llama(seed=1, num_hidden_layers=1).requires_grad_(False)
+    tune_linears(other)
+    dec = SpeculativeDecoder(tuned, None)
+    want = plain[0, PROMPT.shape[1] :].tolist()
+    # verify blocks of 1 to k+1 rows: the row-major copy (2-3 rows) and the column-major weight (4+) both verify
+    for k in (1, 2, 4):
+        for proposer in (DraftModelProposer(tuned, 384), DraftModelProposer(other, 384), NGramProposer()):
+            res = dec.generate(PROMPT, proposer, k=k, max_new_tokens=40)
+            assert res.tokens[:40] == want, (k, proposer)
