@@ -2,10 +2,10 @@
 
 A speculative verify multiplies a handful of rows (2-16 tokens) by every weight of the target. On CPUs, MKL's sgemm
 picks its kernel from the operand layout, and for 4-32 rows against the nn.Linear layout (row-major [out, in]) it
-picks a slow one: on a 2-core AVX-512 Xeon a 16-token forward of SmolLM2-135M after a 300-token cache took 147 ms
-against 44 ms for one token. The same product against the same weight stored column-major (an [in, out] contiguous
-tensor viewed as [out, in], so shapes and state_dict keys do not change) takes 79 ms; 8 tokens 76 ms instead of 100.
-For 2-3 rows the row-major kernel is the faster one (49 vs 60 ms).
+picks a slow one: on a 2-core AVX-512 Xeon a 16-token forward of SmolLM2-135M after a 300-token cache took 138 ms
+against 41 ms for one token. With the same weights stored column-major (an [in, out] contiguous tensor viewed as
+[out, in], so shapes and state_dict keys do not change) it takes 78 ms; 8 tokens 69 ms instead of 94 (RESULTS.md).
+For 2-3 rows the row-major kernel is the faster one.
 
 `tune_linears(model)` times both layouts for 1..16 rows on each distinct weight shape once per process, re-lays
 every Linear out column-major where that layout wins, and keeps a row-major copy (a non-persistent buffer) for the
@@ -68,17 +68,18 @@ def measure_shape(in_features: int, out_features: int, dtype: torch.dtype) -> fr
     """Row counts (of ROWS) where row-major [out, in] beats column-major for x @ W.T on this CPU by MARGIN."""
     key = (in_features, out_features, dtype)
     if key not in _DECISIONS:
-        size = in_features * out_features * torch.finfo(dtype).bits // 8
-        copies = max(1, min(64, _STREAM_BYTES // max(size, 1)))
-        row = [torch.randn(out_features, in_features).to(dtype) for _ in range(copies)]
+        row_bytes = in_features * torch.finfo(dtype).bits // 8
+        # a huge head (a 128k-token vocabulary): time a slice of it
+        out_rows = max(1, min(out_features, 2 * _STREAM_BYTES // row_bytes))
+        copies = max(1, min(64, _STREAM_BYTES // (out_rows * row_bytes)))
+        row = [torch.randn(out_rows, in_features).to(dtype) for _ in range(copies)]
         col = [w.t().contiguous().t() for w in row]
         faster = set()
         for n in ROWS:
             x = torch.randn(n, in_features).to(dtype)
             _time(x, row), _time(x, col)  # warm-up
-            ratios = sorted(
-                _time(x, row) / _time(x, col) for _ in range(REPS)
-            )  # interleaved: drift hits both
+            # interleaved, so a drift of the machine's speed hits both layouts
+            ratios = sorted(_time(x, row) / _time(x, col) for _ in range(REPS))
             if ratios[REPS // 2] < 1.0 - MARGIN:
                 faster.add(n)
         _DECISIONS[key] = frozenset(faster)
@@ -129,9 +130,7 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int = 2 << 30) -> dic
         if m.row_major_rows:
             m.register_buffer("row_major", old.detach(), persistent=False)
             summary["dual"] += 1
-        if (
-            m.row_major_rows or tied
-        ):  # the old tensor stays alive: the row copy, or the tied embedding's weight
+        if m.row_major_rows or tied:  # the old tensor stays alive: as the row copy, or as the tied embedding
             summary["extra_mib"] += old.numel() * old.element_size() / 2**20
         summary["tuned"] += 1
     summary["extra_mib"] = round(summary["extra_mib"], 1)
