@@ -28,6 +28,7 @@ from draftsmith import models
 from draftsmith.app.drafters import build_proposer
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
+from draftsmith.decode.evaluate import hardware
 from draftsmith.decode.metrics import alpha_per_position
 from draftsmith.prompts import load_prompts, prompt_ids
 
@@ -80,6 +81,31 @@ def tau_by_group(results, groups: list[str]) -> dict[str, float]:
     return out
 
 
+def write_profiles(bench: dict, folder: Path, note: str = "") -> list[Path]:
+    """One acceptance profile per drafter of a bench.json (the eval.json subset `draftsmith.app.costbench` reads:
+    tau, alpha_per_position, conditions.drafter/drafter_kind/k), so the GPU cost model can price what was
+    measured here."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, r in bench["drafters"].items():
+        cond = {
+            "drafter": r["spec"],
+            "drafter_kind": r["spec"].partition(":")[0],
+            "k": r["k"],
+            "target": bench["target"],
+            "device": "cpu",
+            "dtype": bench["dtype"].replace("torch.", ""),
+            "hardware": bench.get("hardware"),
+            "date": bench.get("date"),
+        }
+        prof = {"name": name, "source": f"scripts/bench_drafters.py on {bench['prompts']} ({bench['n_prompts']} "
+                f"prompts, {bench['max_new_tokens']} tokens, greedy){note}", "tau": r["tau"],
+                "speedup": r["speedup"], "alpha_per_position": r["alpha_per_position"], "conditions": cond}  # fmt: skip
+        paths.append(folder / f"{name}.json")
+        paths[-1].write_text(json.dumps(prof, indent=1) + "\n")
+    return paths
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m")
@@ -89,6 +115,7 @@ def main() -> None:
     ap.add_argument("--drafter", action="append", required=True, help="NAME=SPEC@K (repeatable)")
     ap.add_argument("--out", default="runs/bench_drafters")
     ap.add_argument("--dtype", default=None)
+    ap.add_argument("--profiles-out", default=None, help="also write one costbench profile per drafter here")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     specs = []
@@ -143,9 +170,11 @@ def main() -> None:
         }
     out = {"target": args.target, "prompts": args.prompts, "n_prompts": len(plain), "max_new_tokens":
            args.max_new_tokens, "dtype": str(target.dtype), "threads": torch.get_num_threads(),
-           "plain_ms_per_step": 1e3 * step_s, "plain_tokens_per_s": p_tokens / p_time, "drafters": rows}  # fmt: skip
+           "hardware": hardware(dev), "date": time.strftime("%Y-%m-%d"), "plain_ms_per_step": 1e3 * step_s, "plain_tokens_per_s": p_tokens / p_time, "drafters": rows}  # fmt: skip
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "bench.json").write_text(json.dumps(out, indent=1) + "\n")
+    if args.profiles_out:
+        write_profiles(out, Path(args.profiles_out))
     print(f"\nplain: {p_tokens / p_time:.1f} tokens/s, {1e3 * step_s:.1f} ms per target step ({len(plain)} prompts)")
     print("| drafter | k | tau | tau chat / humaneval | alpha per position | draft cost / target step | verify ms/step | "
           "speedup | extra MB | lossless |")  # fmt: skip

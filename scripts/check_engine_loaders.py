@@ -136,19 +136,27 @@ def load(root: Path) -> int:
     )
     failures = []
     n_target = json.loads((root / "target" / "config.json").read_text())["num_hidden_layers"]
-    for name in ("dflash", "dflash-full"):
+
+    def load(name: str, cls) -> tuple:
+        """speculators' model of export `name`, draftsmith's native tensors (without d2t/t2d for a full
+        vocabulary: speculators keeps none and reloads the verifier's head) and config, and the first problems."""
         folder, native_dir = root / f"spec-{name}", root / f"native-{name}"
         m = SpeculatorModel.from_pretrained(str(folder)).eval()
         native = load_file(str(native_dir / "model.safetensors"))
-        ncfg = json.loads((native_dir / "config.json").read_text())
-        c = m.config
-        probs = []
-        if not isinstance(m, DFlashDraftModel):
-            probs.append(f"loaded as {type(m).__name__}")
-        if (
-            not m.use_draft_vocab
-        ):  # full vocabulary: speculators keeps no d2t/t2d and reloads the verifier's head
+        if not m.use_draft_vocab:
             native = {k: t for k, t in native.items() if k not in ("d2t", "t2d")}
+        ncfg = json.loads((native_dir / "config.json").read_text())
+        return (
+            folder,
+            m,
+            native,
+            ncfg,
+            m.config,
+            [] if isinstance(m, cls) else [f"loaded as {type(m).__name__}"],
+        )
+
+    for name in ("dflash", "dflash-full"):
+        folder, m, native, ncfg, c, probs = load(name, DFlashDraftModel)
         probs += _same_tensors(m, folder, native)
         if c.block_size != ncfg["block_size"] or c.mask_token_id != ncfg["mask_token_id"]:
             probs.append(f"block_size/mask_token_id {c.block_size}/{c.mask_token_id}")
@@ -175,14 +183,7 @@ def load(root: Path) -> int:
         failures += probs
 
     for name in ("peagle", "peagle-full"):
-        folder, native_dir = root / f"spec-{name}", root / f"native-{name}"
-        m = SpeculatorModel.from_pretrained(str(folder)).eval()
-        native = load_file(str(native_dir / "model.safetensors"))
-        ncfg = json.loads((native_dir / "config.json").read_text())
-        c = m.config
-        probs = [] if isinstance(m, PEagleDraftModel) else [f"loaded as {type(m).__name__}"]
-        if not m.use_draft_vocab:
-            native = {k: t for k, t in native.items() if k not in ("d2t", "t2d")}
+        folder, m, native, ncfg, c, probs = load(name, PEagleDraftModel)
         probs += _same_tensors(
             m, folder, native, lambda k: "layers.0." + k[9:] if k.startswith("midlayer.") else k
         )

@@ -34,6 +34,8 @@ def tiny_run(tmp_path_factory):
         _profile(
             root / "eagle.json", "eagle", k=3, tau=2.0, drafter="eagle:dir,top_k=2,depth=3,total_tokens=6"
         ),
+        _profile(root / "dflash.json", "dflash", k=3, tau=1.5, drafter="dflash:dir,top_k=2,total_tokens=6"),
+        _profile(root / "peagle.json", "peagle", k=3, tau=1.6, drafter="peagle:dir,depth=3"),
     ]
     args = costbench.BenchArgs(
         shape="tiny-target",
@@ -63,6 +65,9 @@ def test_costbench_measures_every_part(tiny_run):
     assert res["drafters"]["ngram@k=4"]["nodes"] == 4  # the repeating context: lookups hit
     assert res["drafters"]["eagle3,depth=3,top_k=2,total_tokens=6@k=3"]["nodes"] == 6  # the profile's tree
     assert res["drafters"]["eagle3@k=4"]["nodes"] == costbench.EAGLE_DEFAULTS["total_tokens"]
+    # block drafters (one forward per draft) at the profiles' settings: a top-2 tree of 6 nodes, a chain of 3
+    assert res["drafters"]["dflash,top_k=2,total_tokens=6@k=3"]["nodes"] == 6
+    assert res["drafters"]["peagle,depth=3@k=3"]["nodes"] == 3
     assert res["skipped"] == []
 
 

@@ -128,12 +128,52 @@ def _eagle3(target, a: BenchArgs, opts: dict) -> Proposer:
     return EagleProposer(head, target, **{**EAGLE_DEFAULTS, **opts})
 
 
+BLOCK_SHAPES = {  # target shape -> (DFlash block size, DFlash layers, draft vocab; 0 = the target's full head)
+    "llama-3.1-8b": (16, 5, 0),  # recipes/heads-llama3.1-8b-dflash.yaml: z-lab's published shape
+    "smollm2-135m": (8, 1, 8192),  # recipes/heads-smollm2-135m-dflash.yaml
+    "tiny-target": (8, 1, 0),
+}
+
+
+def _dflash(target, a: BenchArgs, opts: dict) -> Proposer:
+    from draftsmith.heads.block_proposers import DFlashProposer
+    from draftsmith.heads.dflash import DFlashDrafter
+
+    block, layers, vocab = BLOCK_SHAPES[a.shape]
+    v = target.config.vocab_size
+    with torch.device(a.device):
+        d = DFlashDrafter.from_target(
+            target,
+            draft_vocab_ids=torch.arange(min(vocab, v) if vocab else v),
+            mask_token_id=0,
+            block_size=block,
+            num_layers=layers,
+            freeze_lm_head=not vocab,
+        )
+    d = d.to(target.dtype).eval().requires_grad_(False)
+    return DFlashProposer(d, target, top_k=opts.get("top_k", 1), total_tokens=opts.get("total_tokens", 16))
+
+
+def _peagle(target, a: BenchArgs, opts: dict) -> Proposer:
+    from draftsmith.heads.block_proposers import PEagleProposer
+    from draftsmith.heads.peagle import PEagleHead
+
+    depth = opts.get("depth") or a.k  # one forward computes every depth the head has: size it to the draft
+    head = PEagleHead.from_target_head(_eagle3(target, a, {}).head, mask_token_id=0, num_depths=max(depth, 2))
+    head = head.to(target.dtype).eval().requires_grad_(False)
+    return PEagleProposer(
+        head, target, top_k=opts.get("top_k", 1), total_tokens=opts.get("total_tokens", 16), depth=depth
+    )
+
+
 BUILDERS: dict[str, tuple[Callable, dict[str, type]]] = {
     # kind -> (builder(target, args, opts), the spec options the builder honours)
     "draft": (_draft, {}),
     "ngram": (_ngram, {"max": int, "min": int}),
     "medusa": (_medusa, {"total_tokens": int, "depth": int}),
     "eagle3": (_eagle3, {"top_k": int, "depth": int, "total_tokens": int}),
+    "dflash": (_dflash, {"top_k": int, "total_tokens": int}),
+    "peagle": (_peagle, {"top_k": int, "total_tokens": int, "depth": int}),
 }
 ALIASES = {"eagle": "eagle3"}  # an `eagle:` profile is timed with the EAGLE-3 head (EAGLE-1 is one layer too)
 
