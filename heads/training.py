@@ -40,44 +40,8 @@ class HeadTrainer(nn.Module):
         return self.target if self.medusa2 is not None else self._frozen[0]
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-        ids, am, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-        if getattr(self.head, "head_type", None) == "earlyexit":
-            from draftsmith.heads.earlyexit import earlyexit_loss
-
-            c = self.loss_cfg
-            loss, m = earlyexit_loss(
-                self.head, output_head(self.frozen_target).weight, self.hidden(batch), self.hidden.aux_layers,
-                am, lm, loss=c.kind, temperature=c.temperature, beta=c.beta,
-            )  # fmt: skip
-        elif getattr(self.head, "head_type", None) in ("dflash", "peagle"):
-            from draftsmith.heads.block_recipe import block_step
-
-            loss, m = block_step(
-                self.head, self.frozen_target, self.hidden(batch), batch, self.loss_cfg, exact=False
-            )
-        elif isinstance(self.head, MedusaHeads):
-            if self.medusa2 is not None:
-                return self._medusa2(ids, am, lm)
-            feats = self.hidden(batch)
-            soft = getattr(self.loss_cfg, "medusa_labels", "tokens") == "target"
-            loss, m = self.head.loss(
-                feats["last"],
-                ids,
-                lm,
-                decay=self.loss_cfg.decay,
-                max_rows=self.loss_cfg.max_rows,
-                target_head=output_head(self.frozen_target).weight if soft else None,
-            )
-        else:
-            loss, m = EAGLE_LOSSES[self.head.config.kind](
-                self.head,
-                self.frozen_target,
-                self.hidden(batch),
-                batch,
-                self.loss_cfg,
-                exact_acceptance=False,  # training logs: within-draft-vocab agreement; the eval is exact
-            )
-        m["n_tokens"] = float(lm.sum())
+        loss, m = HEAD_LOSSES[self.head.head_type](self, batch)
+        m["n_tokens"] = float(batch["loss_mask"].sum())
         return loss, m
 
     def _medusa2(self, ids, am, lm):
@@ -109,6 +73,60 @@ class HeadTrainer(nn.Module):
             tl = F.cross_entropy(logits.float(), ids[:, 1:][valid])
         m["target_loss"] = float(tl.detach())
         return tl + m2.lambda0 * head_loss, m
+
+
+# -- one training loss per head type (HeadTrainer.forward dispatches on head.head_type) ---------------------------
+def _medusa_loss(tr: HeadTrainer, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+    ids, lm = batch["input_ids"], batch["loss_mask"]
+    if tr.medusa2 is not None:
+        return tr._medusa2(ids, batch["attention_mask"], lm)
+    soft = getattr(tr.loss_cfg, "medusa_labels", "tokens") == "target"
+    return tr.head.loss(
+        tr.hidden(batch)["last"],
+        ids,
+        lm,
+        decay=tr.loss_cfg.decay,
+        max_rows=tr.loss_cfg.max_rows,
+        target_head=output_head(tr.frozen_target).weight if soft else None,
+    )
+
+
+def _eagle_loss(tr: HeadTrainer, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+    return EAGLE_LOSSES[tr.head.config.kind](
+        tr.head,
+        tr.frozen_target,
+        tr.hidden(batch),
+        batch,
+        tr.loss_cfg,
+        exact_acceptance=False,  # training logs: within-draft-vocab agreement; the eval is exact
+    )
+
+
+def _block_loss(tr: HeadTrainer, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+    from draftsmith.heads.block_recipe import block_step
+
+    return block_step(tr.head, tr.frozen_target, tr.hidden(batch), batch, tr.loss_cfg, exact=False)
+
+
+def _earlyexit_loss(tr: HeadTrainer, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+    from draftsmith.heads.earlyexit import earlyexit_loss
+
+    c = tr.loss_cfg
+    return earlyexit_loss(
+        tr.head, output_head(tr.frozen_target).weight, tr.hidden(batch), tr.hidden.aux_layers,
+        batch["attention_mask"], batch["loss_mask"], loss=c.kind, temperature=c.temperature, beta=c.beta,
+    )  # fmt: skip
+
+
+HEAD_LOSSES = {
+    "medusa": _medusa_loss,
+    "eagle": _eagle_loss,
+    "eagle3": _eagle_loss,
+    "dflash": _block_loss,
+    "peagle": _block_loss,
+    "earlyexit": _earlyexit_loss,
+}
+"""head_type -> training loss(trainer, batch) -> (loss, metrics)."""
 
 
 @torch.no_grad()

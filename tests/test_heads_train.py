@@ -266,3 +266,10 @@ def test_held_out_eval_with_a_bf16_target_and_fp32_heads(tiny_dirs, generated, k
         tree_tokens=4,
     )
     assert ("rank_accuracy" if kind == "medusa" else "acceptance_per_depth") in res
+
+
+def test_every_head_type_has_a_training_loss():
+    from draftsmith.heads.common import HEAD_TYPES
+    from draftsmith.heads.training import HEAD_LOSSES
+
+    assert set(HEAD_LOSSES) == set(HEAD_TYPES)
