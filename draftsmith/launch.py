@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -71,7 +72,9 @@ def train_main(
         )
     except DraftsmithError as e:
         if _first_process():
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        else:  # torchrun stops every rank at the first exit: give the first process the time to print its line
+            time.sleep(2.0)
         return e.exit_code
     if accelerator.is_main_process:
         print(summary(cfg, result))
