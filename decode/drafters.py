@@ -82,5 +82,5 @@ def build_draft(arg: str, ctx: DrafterContext) -> Proposer:
     vocab_ids = None
     if ref.kind == "dir" and (Path(ref.path) / "draft_vocab.safetensors").is_file():
         vocab_ids = load_draft_vocab(ref.path)
-    model = models.load_model(ref, dtype=ctx.dtype, device=ctx.device, inference=True)
+    model = models.load_model(ref, dtype=ctx.dtype, device=ctx.device)  # app.drafters tunes it
     return DraftModelProposer(model, ctx.target_vocab_size, vocab_ids, stop_below=stop_below)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
@@ -116,12 +117,13 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int = 2 << 30) -> dic
         summary["row_major_rows"][f"{i}x{o}"] = sorted(plans[m])
     extra = sum(m.weight.numel() * m.weight.element_size() for m in linears if 0 < len(plans[m]) < len(ROWS))
     keep_rows = extra <= max_extra_bytes
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))  # > 1: a tied weight
     for m in linears:
         rows = plans[m]
         if len(rows) == len(ROWS):
             continue  # row-major wins everywhere: leave it
         old = m.weight
-        tied = _is_tied(model, old)
+        tied = uses[id(old)] > 1
         if rows and not keep_rows and len(rows) * 2 > len(ROWS):
             continue  # no room for both layouts and row-major wins most counts
         m.weight = nn.Parameter(old.detach().t().contiguous().t(), requires_grad=False)
@@ -137,5 +139,12 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int = 2 << 30) -> dic
     return summary
 
 
-def _is_tied(model: nn.Module, weight: torch.Tensor) -> bool:
-    return sum(1 for _, p in model.named_parameters(remove_duplicate=False) if p is weight) > 1
+def describe(summary: dict) -> str:
+    """One line for a tune_linears summary (eval.json conditions, benchmark logs)."""
+    if not summary or not summary["tuned"]:
+        return "nn.Linear (unchanged)"
+    rows = sorted({r for v in summary["row_major_rows"].values() for r in v})
+    return (
+        f"{summary['tuned']} Linears column-major; row-major copy for {rows} rows in {summary['dual']} "
+        f"(+{summary['extra_mib']} MiB)"
+    )

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import DynamicCache
 
     from draftsmith import models
-    from draftsmith.cpulayout import tune_linears
+    from draftsmith.cpulayout import describe, tune_linears
     from draftsmith.fileio import check_output_dir, write_json
 
     out = Path(a.out)
@@ -53,10 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     tuned = copy.deepcopy(base)
     summary = tune_linears(tuned)
     tune_s = time.perf_counter() - t0
-    print(
-        f"tuned {summary['tuned']} linears ({summary['dual']} keep a row-major copy, +{summary['extra_mib']} MiB) "
-        f"in {tune_s:.1f} s; row-major wins at rows {sorted({r for v in summary['row_major_rows'].values() for r in v})}"
-    )
+    print(f"{describe(summary)}, measured in {tune_s:.1f} s")
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(100, 40000, (1, a.context), generator=gen)
     caches = {}

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from draftsmith import models
+from draftsmith.acceptance import tau_from_accept_lengths
 from draftsmith.app.drafters import build_proposer
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
@@ -72,13 +73,12 @@ def group(prompt) -> str:
     return "humaneval" if prompt.category == "humaneval" else "chat"
 
 
+def tau_of(results) -> float:
+    return tau_from_accept_lengths([a for r in results for a in r.accepted])
+
+
 def tau_by_group(results, groups: list[str]) -> dict[str, float]:
-    out = {}
-    for g in sorted(set(groups)):
-        rs = [r for r, gi in zip(results, groups) if gi == g]
-        steps = sum(len(r.accepted) for r in rs)
-        out[g] = (sum(sum(r.accepted) for r in rs) + steps) / max(steps, 1)
-    return out
+    return {g: tau_of([r for r, gi in zip(results, groups) if gi == g]) for g in sorted(set(groups))}
 
 
 def write_profiles(bench: dict, folder: Path, note: str = "") -> list[Path]:
@@ -159,7 +159,7 @@ def main() -> None:
         rows[m] = {
             "spec": next(s for n, s, _ in specs if n == m),
             "k": k,
-            "tau": (sum(sum(r.accepted) for r in rs) + steps) / max(steps, 1),
+            "tau": tau_of(rs),
             "alpha_per_position": alpha_per_position(rs, k),
             "draft_cost_per_token": (t_draft / max(drafted, 1)) / step_s,
             "verify_ms_per_step": 1e3 * (t_total - t_draft) / max(steps, 1),

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 import draftsmith
-from draftsmith import models
+from draftsmith import cpulayout, models
 from draftsmith.app.drafters import build_proposer, validate_spec
 from draftsmith.compat import check_compatible
 from draftsmith.decode.decoder import SpeculativeDecoder
@@ -146,25 +146,13 @@ def _conditions(target_spec, drafter, kind, proposer, target_model, dev, **setti
         "device": str(dev),
         "dtype": str(target_model.dtype).replace("torch.", ""),
         "hardware": hardware(dev),
-        "cpu_layout": _layout(target_model),
+        "cpu_layout": cpulayout.describe(getattr(target_model, "draftsmith_cpu_layout", None)),
         "torch_version": torch.__version__,
         "draftsmith_version": draftsmith.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "tau_convention": "tau = tokens per target verify forward, bonus/correction token included",
         "warmup": "first prompt decoded once (16 tokens, plain and speculative) before timing; excluded",
     }
-
-
-def _layout(target_model) -> str:
-    """What draftsmith.cpulayout did to the target's Linears (one line for eval.json)."""
-    lay = getattr(target_model, "draftsmith_cpu_layout", None)
-    if not lay or not lay["tuned"]:
-        return "nn.Linear (unchanged)"
-    rows = sorted({r for v in lay["row_major_rows"].values() for r in v})
-    return (
-        f"{lay['tuned']} Linears column-major; row-major copy for {rows} rows in {lay['dual']} "
-        f"(+{lay['extra_mib']} MiB)"
-    )
 
 
 def _is_spec(spec: str) -> bool:
