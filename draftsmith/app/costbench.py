@@ -112,8 +112,14 @@ def _medusa(target, a: BenchArgs, opts: dict) -> Proposer:
 
 
 def _eagle3(target, a: BenchArgs, opts: dict) -> Proposer:
-    from draftsmith.heads.eagle import EagleHead, default_aux_layers
     from draftsmith.heads.proposers import EagleProposer
+
+    return EagleProposer(_eagle3_head(target, a), target, **{**EAGLE_DEFAULTS, **opts})
+
+
+def _eagle3_head(target, a: BenchArgs):
+    """A random EAGLE-3 head at the target's shape with an `a.eagle_draft_vocab`-token draft vocabulary."""
+    from draftsmith.heads.eagle import EagleHead, default_aux_layers
 
     v = target.config.vocab_size
     draft_vocab = torch.arange(min(a.eagle_draft_vocab, v))
@@ -124,8 +130,7 @@ def _eagle3(target, a: BenchArgs, opts: dict) -> Proposer:
             draft_vocab_ids=draft_vocab,
             aux_layers=default_aux_layers(target.config.num_hidden_layers),
         )
-    head = head.to(target.dtype).eval().requires_grad_(False)
-    return EagleProposer(head, target, **{**EAGLE_DEFAULTS, **opts})
+    return head.to(target.dtype).eval().requires_grad_(False)
 
 
 BLOCK_SHAPES = {  # target shape -> (DFlash block size, DFlash layers, draft vocab; 0 = the target's full head)
@@ -159,7 +164,7 @@ def _peagle(target, a: BenchArgs, opts: dict) -> Proposer:
     from draftsmith.heads.peagle import PEagleHead
 
     depth = opts.get("depth") or a.k  # one forward computes every depth the head has: size it to the draft
-    head = PEagleHead.from_target_head(_eagle3(target, a, {}).head, mask_token_id=0, num_depths=max(depth, 2))
+    head = PEagleHead.from_target_head(_eagle3_head(target, a), mask_token_id=0, num_depths=max(depth, 2))
     head = head.to(target.dtype).eval().requires_grad_(False)
     return PEagleProposer(
         head, target, top_k=opts.get("top_k", 1), total_tokens=opts.get("total_tokens", 16), depth=depth
