@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.errors import DraftsmithError
+
 ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
 """Row counts measured; a count between two of them takes the decision of the lower one, above 16 the one of 16."""
 
@@ -88,8 +90,13 @@ def measure_shape(in_features: int, out_features: int, dtype: torch.dtype) -> fr
 
 
 def enabled() -> bool:
-    value = os.environ.get("DRAFTSMITH_CPU_LAYOUT", "auto").lower()
-    return value not in ("off", "0", "false", "no")
+    """DRAFTSMITH_CPU_LAYOUT: auto (default) or off; anything else is refused in one line."""
+    value = os.environ.get("DRAFTSMITH_CPU_LAYOUT", "auto").strip().lower()
+    if value not in ("auto", "off"):
+        raise DraftsmithError(
+            f"DRAFTSMITH_CPU_LAYOUT={value!r} is not auto or off; unset it or set one of those"
+        )
+    return value == "auto"
 
 
 @torch.no_grad()

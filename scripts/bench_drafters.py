@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -31,6 +32,8 @@ from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
 from draftsmith.decode.evaluate import hardware
 from draftsmith.decode.metrics import alpha_per_position
+from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import check_output_dir
 from draftsmith.prompts import load_prompts, prompt_ids
 
 
@@ -117,6 +120,13 @@ def main() -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--profiles-out", default=None, help="also write one costbench profile per drafter here")
     args = ap.parse_args()
+    try:  # before anything loads: a bad output folder fails now, not after the benchmark
+        check_output_dir(args.out, ("bench.json", "bench.png"), overwrite=True)
+        if args.profiles_out:
+            check_output_dir(args.profiles_out)
+    except DraftsmithError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     warnings.filterwarnings("ignore")
     specs = []
     for d in args.drafter:

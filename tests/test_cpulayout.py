@@ -11,6 +11,7 @@ from draftsmith import cpulayout
 from draftsmith.cpulayout import ROWS, TunedLinear, measure_shape, tune_linears
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
+from draftsmith.errors import DraftsmithError
 from draftsmith.testing import tiny_llama
 
 PROMPT = torch.tensor([[1, 40, 50, 60, 70, 80, 40, 50, 60, 90, 40, 50]])
@@ -75,6 +76,9 @@ def test_skips_trainable_and_respects_the_off_switch(forced, monkeypatch):
     monkeypatch.setenv("DRAFTSMITH_CPU_LAYOUT", "off")
     other = nn.Sequential(nn.Linear(8, 8).requires_grad_(False))
     assert tune_linears(other)["tuned"] == 0 and type(other[0]) is nn.Linear
+    monkeypatch.setenv("DRAFTSMITH_CPU_LAYOUT", "of")  # a typo is refused, not read as "on"
+    with pytest.raises(DraftsmithError, match="DRAFTSMITH_CPU_LAYOUT='of' is not auto or off"):
+        tune_linears(other)
 
 
 def test_no_room_for_both_layouts_keeps_one(forced):

@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     try:
+        from draftsmith import cpulayout  # here, not at the top: `draftsmith --help` does not need torch
+
+        cpulayout.enabled()  # the environment's switches are checked before any command loads or writes
         return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
     except DraftsmithError as e:
         print(f"error: {e}", file=sys.stderr)
