@@ -1,15 +1,18 @@
-"""Speculative decoding loop (batch 1, leading batch dim kept) and plain decoding through the same code.
+"""Speculative decoding of a batch of prompts, and plain decoding through the same code.
 
-Invariant between steps: the target's DynamicCache holds every committed token except the last one (the
-"root"); a step runs ONE target forward over [root, node_1 .. node_N] (tree mask, position = prefix + depth),
-accepts a path of a nodes, compacts the cache to prefix + root + accepted nodes (`cache.crop` for chains,
-a gather then crop for trees: no recomputation) and commits a + 1 tokens. Plain decoding is the same step
-with an empty proposal, so the baseline pays exactly the same per-step overhead.
+Invariant between steps: the target's KV cache holds every committed token of every row except its last one (the
+row's "root"); a step runs ONE target forward over [root, node_1 .. node_N] of every row (tree mask, position =
+the row's length + depth), accepts a path of a_b nodes per row, rolls each row's cache back to root + accepted
+nodes (decode.ragged: a crop for a lone chain, a gather then crop otherwise; no recomputation) and commits
+a_b + 1 tokens per row. Rows that stop (EOS, stop string, length) leave the batch, so they cost nothing after.
+Plain decoding is the same step with an empty proposal, so the baseline pays exactly the same per-step overhead.
+A batch of one is exactly the batch-1 decoder: no mask, a crop, lengths tracked on the host.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -19,9 +22,9 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.models import eos_token_ids
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 
-from .cache import compact_cache, crop_to
-from .proposer import Proposal, Proposer, node_depths, tree_attention_mask
-from .verify import verify
+from .proposer import Proposal, Proposer, node_depths
+from .ragged import RaggedCache, block_visibility
+from .verify import verify_rows
 
 # forward(cache=...) arrived in transformers 5.24 (before: past_key_values=)
 _TRANSFORMERS_TOO_OLD = tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 24)
@@ -49,26 +52,44 @@ class GenerationResult:
 
 
 @dataclass
+class BatchResult:
+    """A batch decoded together: one GenerationResult per prompt (in order; each row's time_total is when it
+    finished) and what the batch cost."""
+
+    rows: list[GenerationResult]
+    time_total: float = 0.0
+    time_prefill: float = 0.0
+    time_draft: float = 0.0
+    forward_rows: list[int] = field(
+        default_factory=list
+    )  # batch rows in each target forward, the prefill first
+    step_depths: list[int] = field(
+        default_factory=list
+    )  # deepest proposal of each verify step (drafting work)
+
+
+@dataclass
 class _Run:
-    """The state of one `generate` call, shared by its steps."""
+    """The state of one `generate_batch` call, shared by its steps."""
 
     proposer: Proposer | None
     params: SamplingParams
     layers: tuple[int, ...]
     verify_gen: torch.Generator
     draft_gen: torch.Generator
-    res: GenerationResult
-    cache: object = None
-    max_len: int = 0
-    cached: int = 0  # tokens in the target cache (tracked on the host: no device sync)
-    last: torch.Tensor | None = None  # [1] the last committed token (the next block's root)
+    out: BatchResult
+    active: list[int]  # the prompts still decoding, in batch order
+    t0: float = 0.0
+    ragged: RaggedCache | None = None
+    last: torch.Tensor | None = None  # [B] each row's last committed token (the next block's root)
     prefill_hidden: tuple | None = None
-    path: list[int] = field(default_factory=list)  # the accepted nodes of the last step
-    new: torch.Tensor | None = None  # [1, a + 1] the tokens the last step committed
+    paths: list[list[int]] = field(default_factory=list)  # the accepted nodes of the last step, per row
+    new: torch.Tensor | None = None  # [B, A] the tokens the last step committed, per row (right-padded)
 
 
 class SpeculativeDecoder:
-    """Wraps a HF causal LM target. `generate(ids, proposer)`; proposer None = plain decoding."""
+    """Wraps a HF causal LM target. `generate(ids, proposer)` for one prompt, `generate_batch(prompts, proposer)` for
+    several; proposer None = plain decoding."""
 
     def __init__(
         self,
@@ -178,72 +199,111 @@ class SpeculativeDecoder:
         seed: int = 0,
     ) -> GenerationResult:
         """input_ids: [1, T] prompt ids. Returns the generated ids and per-step acceptance statistics."""
+        if input_ids.dim() == 2 and input_ids.shape[0] != 1:
+            raise DraftsmithError(
+                f"generate decodes one prompt ([1, T]), got a batch of {input_ids.shape[0]}; "
+                "pass a list of prompts to generate_batch"
+            )
+        out = self.generate_batch(
+            [input_ids.reshape(-1)], proposer, k=k, params=params, max_new_tokens=max_new_tokens, seed=seed
+        )
+        res = out.rows[0]
+        res.time_total, res.time_prefill, res.time_draft = out.time_total, out.time_prefill, out.time_draft
+        return res
+
+    @torch.inference_mode()
+    def generate_batch(
+        self,
+        prompts: Sequence[torch.Tensor],
+        proposer: Proposer | None = None,
+        *,
+        k: int = 4,
+        params: SamplingParams | None = None,
+        max_new_tokens: int = 128,
+        seed: int = 0,
+    ) -> BatchResult:
+        """Decode B prompts (token ids [T_b] each, any lengths) together: each row accepts its own number of draft
+        tokens per step, and a row that stops (EOS, stop string, length) leaves the batch. Returns one
+        GenerationResult per prompt (in order) and the batch's costs."""
         params = params if params is not None else SamplingParams()  # greedy
-        input_ids = self._check(input_ids, proposer, k, max_new_tokens)
+        ids, pads = self._check(prompts, proposer, k, max_new_tokens)
         run = _Run(
             proposer=proposer,
             params=params,
             layers=tuple(proposer.hidden_state_layers) if proposer is not None else (),
             verify_gen=torch.Generator().manual_seed(2 * seed),  # host walk in verify_sampling
             draft_gen=torch.Generator(device=self.device).manual_seed(2 * seed + 1),  # independent streams
-            res=GenerationResult(tokens=[], prompt_len=input_ids.shape[1]),
+            out=BatchResult([GenerationResult(tokens=[], prompt_len=len(p.reshape(-1))) for p in prompts]),
+            active=list(range(len(prompts))),
         )
         self._sync()
-        t0 = time.perf_counter()
-        self._prefill(run, input_ids, k, max_new_tokens)
-        run.res.time_prefill = time.perf_counter() - t0
-        self._begin_draft(run, input_ids)
-        done = self._finished(run.res, 1, max_new_tokens)
-        while not done:
-            kk = min(k, max_new_tokens - len(run.res.tokens) - 1)
-            n_new, hidden = self._step(run, kk)
-            done = self._finished(run.res, n_new, max_new_tokens)
-            if proposer is not None and not done:
-                self._timed_draft(run, proposer.advance, run.path, run.new, hidden)
+        t0 = run.t0 = time.perf_counter()
+        self._prefill(run, ids, pads, k, max_new_tokens)
+        run.out.time_prefill = time.perf_counter() - t0
+        self._begin_draft(run, ids, pads)
+        self._retain(run, self._ended(run, [1] * len(prompts), max_new_tokens))
+        while run.active:
+            n_new, hidden = self._step(run, k, max_new_tokens)
+            keep = self._ended(run, n_new, max_new_tokens)
+            if keep and proposer is not None:
+                self._timed_draft(run, proposer.advance, run.paths, run.new, hidden)
+            self._retain(run, keep)
         self._sync()
-        run.res.time_total = time.perf_counter() - t0
-        return run.res
+        run.out.time_total = time.perf_counter() - t0
+        return run.out
 
-    def _check(self, input_ids: torch.Tensor, proposer, k: int, max_new_tokens: int) -> torch.Tensor:
-        if input_ids.dim() == 1:
-            input_ids = input_ids[None]
-        if input_ids.shape[0] != 1:
-            raise DraftsmithError(
-                f"batch size {input_ids.shape[0]} is not supported yet; decode one prompt at a time"
-            )
+    def _check(self, prompts, proposer, k: int, max_new_tokens: int) -> tuple[torch.Tensor, list[int]]:
+        """-> (prompts left-padded to one width [B, T], padding per row). Refuses what the decoder cannot run."""
         if k < 1:
             raise DraftsmithError(f"k must be >= 1 (draft tokens per step), got {k}")
-        T = input_ids.shape[1]
+        rows = [p.reshape(-1) for p in prompts]
+        if not rows or min(len(r) for r in rows) < 1:
+            raise DraftsmithError("every prompt needs at least one token")
+        if len(rows) > 1 and self.static:
+            raise DraftsmithError(
+                "the static cache (--compile) decodes one prompt at a time; use batch size 1"
+            )
+        if len(rows) > 1 and proposer is not None and not hasattr(proposer, "retain"):
+            raise DraftsmithError(
+                f"drafter {proposer.name!r} cannot decode a batch; use batch size 1 (--batch-size 1)"
+            )
+        T = max(len(r) for r in rows)
         if self.max_positions and T + max_new_tokens + k + 1 > self.max_positions:
             raise DraftsmithError(
                 f"prompt ({T} tokens) + max_new_tokens ({max_new_tokens}) + k + 1 exceeds the target's context "
                 f"({self.max_positions}); shorten the prompt or lower --max-new-tokens"
             )
-        return input_ids.to(self.device)
+        pads = [T - len(r) for r in rows]
+        ids = torch.stack([torch.cat([r.new_zeros(T - len(r)), r]) for r in rows])  # left padding (masked)
+        return ids.to(self.device), pads
 
-    def _prefill(self, run: _Run, input_ids: torch.Tensor, k: int, max_new_tokens: int) -> None:
-        """The prompt's forward; the first token comes from the target alone (as in plain decoding)."""
-        T = input_ids.shape[1]
+    def _prefill(self, run: _Run, ids: torch.Tensor, pads: list[int], k: int, max_new_tokens: int) -> None:
+        """The prompts' forward; the first token of every row comes from the target alone (as in plain decoding)."""
+        T = ids.shape[1]
         # a tree block briefly occupies 1 + N cache rows before compaction (static buffers must hold them)
         nodes = max(k, int(getattr(run.proposer, "max_nodes", 0) or 0))
-        run.max_len = self._cache_len(T + max_new_tokens + 1 + nodes)
-        run.cache = self._new_cache(run.max_len)
-        run.cached = T  # tokens in the target cache (tracked on the host: no device sync)
-        logits, run.prefill_hidden = self._forward(
-            input_ids, run.cache, run.layers, logits_to_keep=1, eager=True
-        )
-        run.res.target_forwards = 1
-        run.last = self._pick(logits[:, -1], run.params, run.verify_gen)  # [1]
-        run.res.tokens.append(int(run.last[0]))  # int() waits for the prefill on any device
+        max_len = self._cache_len(T + max_new_tokens + 1 + nodes)
+        run.ragged = RaggedCache(self._new_cache(max_len), pads, kv_len=max_len if self.static else None)
+        kw = run.ragged.prefill_inputs(T, self.target.dtype, self.device)
+        logits, run.prefill_hidden = self._forward(ids, run.ragged.cache, run.layers, 1, eager=True, **kw)
+        run.ragged.prefilled(T)
+        run.out.forward_rows.append(len(pads))
+        run.last = self._pick(logits[:, -1], run.params, run.verify_gen)  # [B]
+        for res, tok in zip(run.out.rows, run.last.tolist()):  # tolist() waits for the prefill on any device
+            res.tokens.append(tok)
+            res.target_forwards = 1
 
-    def _begin_draft(self, run: _Run, input_ids: torch.Tensor) -> None:
+    def _begin_draft(self, run: _Run, ids: torch.Tensor, pads: list[int]) -> None:
         proposer = run.proposer
         if proposer is None:
             return
         if hasattr(proposer, "attach"):  # self-speculative drafters draft on the target's own KV cache
-            self._timed_draft(run, proposer.attach, self, run.cache)
-        tokens = torch.cat([input_ids, run.last[:, None]], 1)
-        self._timed_draft(run, proposer.begin, tokens, run.prefill_hidden)
+            self._timed_draft(run, proposer.attach, self, run.ragged)
+        tokens = torch.cat([ids, run.last[:, None]], 1)
+        if any(pads):
+            self._timed_draft(run, proposer.begin, tokens, run.prefill_hidden, pads)
+        else:
+            self._timed_draft(run, proposer.begin, tokens, run.prefill_hidden)
         run.prefill_hidden = None
 
     def _timed_draft(self, run: _Run, fn, *args):
@@ -251,72 +311,120 @@ class SpeculativeDecoder:
         td = time.perf_counter()
         out = fn(*args)
         self._sync()
-        run.res.time_draft += time.perf_counter() - td
+        run.out.time_draft += time.perf_counter() - td
         return out
 
-    def _step(self, run: _Run, kk: int) -> tuple[int, tuple | None]:
-        """One speculative step (gpt-fast's `speculative_decode`): draft up to kk tokens, verify them and the root
-        in ONE target forward, accept a path, roll the cache back to it. Returns (tokens committed, the hidden
-        rows of the committed tokens for the proposer). A plain step is the same with an empty proposal."""
-        res, proposer = run.res, run.proposer
+    def _step(self, run: _Run, k: int, max_new_tokens: int) -> tuple[list[int], tuple | None]:
+        """One speculative step (gpt-fast's `speculative_decode`) for every row of the batch: draft, verify every
+        row's root and nodes in ONE target forward, accept a path per row, roll each row's cache back to it.
+        Returns (tokens committed per row, the hidden rows that predicted them, for the proposer). A plain step is
+        the same with an empty proposal."""
+        rows = [run.out.rows[i] for i in run.active]
+        room = [max_new_tokens - len(r.tokens) - 1 for r in rows]  # draft tokens each row may still commit
+        kk = min(k, max(room))
+        proposer, B = run.proposer, len(rows)
         if proposer is not None and kk > 0:
             proposal = self._timed_draft(run, proposer.propose, kk, run.params, run.draft_gen)
         else:
-            proposal = Proposal.empty(1, self.device)
-        prefix = run.cached
-        node_depth = node_depths(proposal.parents)
-        depth = max(node_depth, default=0)
-        if depth > kk:
-            raise DraftsmithError(
-                f"proposer {proposer.name!r} drafted depth {depth} > k={kk}; proposers must honour k"
-            )
-        block = torch.cat([run.last[:, None], proposal.tokens.to(self.device)], 1)  # [1, 1 + N]
+            proposal = Proposal.empty(B, self.device)
+        depths = self._check_proposal(proposal, B, kk, proposer)
+        block = torch.cat([run.last[:, None], proposal.tokens.to(self.device)], 1)  # [B, 1 + N]
         # a self-speculative proposer may verify reusing its shared-layer rows (None: nothing to reuse)
         shared = proposer.verify_forward(block, proposal) if hasattr(proposer, "verify_forward") else None
         if shared is None:
-            shared = self._forward(
-                block, run.cache, run.layers, **self._tree_inputs(proposal, node_depth, prefix, run)
-            )
+            kw = self._block_inputs(run.ragged, proposal, depths)
+            shared = self._forward(block, run.ragged.cache, run.layers, **kw)
         logits, hidden = shared
-        res.target_forwards += 1
-        path, run.last = verify(logits, proposal, run.params, run.verify_gen)
-        self._roll_back(run, proposal, path, prefix)
-        run.path = path
-        run.new = torch.cat([proposal.tokens[:, path].to(self.device), run.last[:, None]], 1)  # [1, a + 1]
-        res.accepted.append(len(path))
-        res.proposed.append(depth)
-        res.verified.append(1 + proposal.num_nodes)
-        res.tokens.extend(run.new[0].tolist())
-        if (
-            hidden is not None
-        ):  # the rows that predicted the committed tokens: the root's and the accepted nodes'
-            rows = torch.tensor([0, *(1 + i for i in path)], device=self.device)
-            hidden = tuple(h[:, rows] for h in hidden)
-        return len(path) + 1, hidden
+        run.out.forward_rows.append(B)
+        run.out.step_depths.append(max((max(d, default=0) for d in depths), default=0))
+        paths, last = verify_rows(logits, proposal, run.params, run.verify_gen)
+        for b, cap in enumerate(room):  # a row near its length limit keeps what it may still emit
+            if len(paths[b]) > cap:
+                last[b] = proposal.tokens[b, paths[b][cap]]
+                paths[b] = paths[b][:cap]
+        run.ragged.commit([[0, *(1 + i for i in p)] for p in paths], block.shape[1])
+        run.paths, run.last = paths, last.to(self.device)
+        run.new = self._committed(proposal, paths, run.last)  # [B, A]: each row's accepted tokens + its next
+        for b, (res, path) in enumerate(zip(rows, paths)):
+            res.accepted.append(len(path))
+            res.proposed.append(max(depths[b], default=0))
+            res.verified.append(1 + proposal.row_size(b))
+            res.target_forwards += 1
+            res.tokens.extend(run.new[b, : len(path) + 1].tolist())
+        return [len(p) + 1 for p in paths], self._kept_rows(hidden, paths)
 
-    def _tree_inputs(self, proposal: Proposal, node_depth: list[int], prefix: int, run: _Run) -> dict:
-        """Position ids and the tree attention mask of a tree block ({} for chains: the model's causal mask)."""
-        if proposal.is_chain:
-            return {}
-        depths = torch.tensor([0, *node_depth], device=self.device)
-        mask = tree_attention_mask(
-            proposal.parents,
-            prefix,
-            self.target.dtype,
-            self.device,
-            kv_len=run.max_len if self.static else None,
-        )
-        return {"position_ids": (prefix + depths)[None], "attention_mask": mask}
+    def _check_proposal(self, proposal: Proposal, B: int, kk: int, proposer) -> list[list[int]]:
+        """Depth of every row's nodes; a proposal for the wrong rows or deeper than kk is a proposer bug."""
+        if proposal.tokens.shape[0] != B:
+            raise DraftsmithError(
+                f"proposer {proposer.name!r} proposed {proposal.tokens.shape[0]} rows for {B}"
+            )
+        depths = [node_depths(proposal.row_parents(b)) for b in range(B)]
+        deepest = max((max(d, default=0) for d in depths), default=0)
+        if deepest > kk:
+            raise DraftsmithError(
+                f"proposer {proposer.name!r} drafted depth {deepest} > k={kk}; proposers must honour k"
+            )
+        return depths
 
-    def _roll_back(self, run: _Run, proposal: Proposal, path: list[int], prefix: int) -> None:
-        """Keep the root and the accepted path in the cache: crop a chain, gather-then-crop a tree."""
-        a = len(path)
+    def _block_inputs(self, ragged: RaggedCache, proposal: Proposal, depths: list[list[int]]) -> dict:
+        """Position ids and attention mask of the verify block ({} where the model's own causal mask is right)."""
+        n = 1 + proposal.num_nodes
         if proposal.is_chain:
-            crop_to(run.cache, prefix + 1 + a, current=prefix + 1 + proposal.num_nodes)
-        else:
-            keep = torch.tensor(path, device=self.device, dtype=torch.long)
-            compact_cache(run.cache, prefix + 1, keep, current=prefix + 1 + proposal.num_nodes)
-        run.cached = prefix + 1 + a
+            return ragged.block_inputs(n, self.target.dtype, self.device)
+        parents = [proposal.row_parents(b) for b in range(ragged.batch)]
+        offsets = torch.ones(ragged.batch, n, dtype=torch.long)
+        offsets[:, 0] = 0
+        for b, d in enumerate(depths):
+            offsets[b, 1 : 1 + len(d)] = torch.tensor(d, dtype=torch.long)
+        visible = block_visibility(parents, n, self.device)
+        return ragged.block_inputs(n, self.target.dtype, self.device, visible, offsets.to(self.device))
+
+    def _committed(self, proposal: Proposal, paths: list[list[int]], last: torch.Tensor) -> torch.Tensor:
+        """[B, A] each row's accepted node tokens then its next token, right-padded with that token."""
+        width = 1 + max(len(p) for p in paths)
+        new = last[:, None].expand(-1, width).clone()
+        for b, p in enumerate(paths):
+            if p:
+                new[b, : len(p)] = proposal.tokens[b, p].to(new.device)
+        return new
+
+    def _kept_rows(self, hidden: tuple | None, paths: list[list[int]]) -> tuple | None:
+        """The hidden rows that predicted each row's committed tokens: the root's and the accepted nodes', [B, A, H]
+        right-padded (with the root's row)."""
+        if hidden is None:
+            return None
+        width = 1 + max(len(p) for p in paths)
+        rows = torch.zeros(len(paths), width, dtype=torch.long)
+        for b, p in enumerate(paths):
+            rows[b, 1 : 1 + len(p)] = torch.tensor([1 + i for i in p], dtype=torch.long)
+        rows = rows.to(self.device)
+        if len(paths) == 1:
+            return tuple(h[:, rows[0]] for h in hidden)
+        return tuple(h.gather(1, rows[:, :, None].expand(-1, -1, h.shape[-1])) for h in hidden)
+
+    def _ended(self, run: _Run, n_new: list[int], max_new_tokens: int) -> list[int]:
+        """Truncate the rows that stopped (EOS, stop string, length) at their stop; -> the batch rows that go on."""
+        keep, now = [], time.perf_counter() - run.t0
+        for b, (i, n) in enumerate(zip(run.active, n_new)):
+            res = run.out.rows[i]
+            if self._finished(res, n, max_new_tokens):
+                res.time_total = now
+            else:
+                keep.append(b)
+        return keep
+
+    def _retain(self, run: _Run, keep: list[int]) -> None:
+        """Take the rows that stopped out of the batch: cache, roots, proposer state (they cost nothing after)."""
+        if len(keep) == len(run.active):
+            return
+        run.active = [run.active[b] for b in keep]
+        if not keep:
+            return
+        run.ragged.retain(keep)
+        run.last = run.last[keep]
+        if run.proposer is not None:
+            self._timed_draft(run, run.proposer.retain, keep)
 
     def _pick(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
         if params.greedy:

@@ -23,12 +23,12 @@ import torch
 from draftsmith.evalsettings import EvalSettings
 from draftsmith.prompts import Prompt
 
+from .batching import PLAIN, measure_batches
 from .decoder import GenerationResult, SpeculativeDecoder
 from .metrics import summarize
 from .proposer import Proposer
 
 log = logging.getLogger(__name__)
-PLAIN = "plain"
 
 
 def hardware(device: torch.device) -> str:
@@ -76,15 +76,15 @@ def measure(
         for m in methods[i % len(methods) :] + methods[: i % len(methods)]:  # rotate which runs first
             runs[m.name if m else PLAIN].append(_generate(decoder, m, ids, settings, seed=settings.seed + i))
     plain = runs[PLAIN]
-    return {
-        PLAIN: _plain_numbers(plain),
-        "drafters": {
-            d.name: _drafter_result(
-                decoder, prompts, encoded, runs[d.name], plain, d.k, settings.params.greedy
-            )
-            for d in drafters
-        },
+    greedy = settings.params.greedy
+    results = {
+        d.name: _drafter_result(decoder, prompts, encoded, runs[d.name], plain, d.k, greedy) for d in drafters
     }
+    if settings.batch_sizes:  # batch size 1 is the run above; the others decode the prompts in batches
+        sections = measure_batches(decoder, drafters, encoded, settings, batch1=runs, progress=progress)
+        for name, section in sections.items():
+            results[name]["batch"] = section
+    return {PLAIN: _plain_numbers(plain), "drafters": results}
 
 
 def _generate(

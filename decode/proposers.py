@@ -1,6 +1,7 @@
 """The two model-free / small-model proposers: a draft causal LM and n-gram prompt lookup.
 
-Both are chains. Instances are reusable across prompts: `begin()` resets all per-sequence state.
+Both are chains and both decode batches (rows of different lengths, each accepting its own number of tokens).
+Instances are reusable across prompts: `begin()` resets all per-sequence state.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import torch.nn.functional as F
 
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 
-from .cache import crop_to
 from .proposer import Proposal
+from .ragged import RaggedCache
 
 
 class DraftModelProposer:
@@ -19,6 +20,10 @@ class DraftModelProposer:
 
     With a reduced output vocabulary `vocab_ids` [V_d] (target ids of the kept lm_head rows, sorted), draft
     logits are computed over those rows only and mapped back to target ids; q is zero outside them.
+
+    Batches: the draft's cache is a RaggedCache like the target's (left-padded prompts, per-row lengths). Each
+    propose first feeds every row's committed tokens the cache lacks (1, or 2 after a full accept), then drafts one
+    token per forward for all rows; a row whose draft stops early (stop_below) proposes fewer tokens.
     """
 
     name = "draft"
@@ -50,34 +55,75 @@ class DraftModelProposer:
             else min(lm_w.shape[0], self.target_vocab_size)
         )
 
-    def begin(self, tokens: torch.Tensor, hidden=None) -> None:
+    def begin(self, tokens: torch.Tensor, hidden=None, pad: list[int] | None = None) -> None:
+        """tokens [B, L] left-padded by `pad` (None: no padding)."""
         from transformers import DynamicCache
 
-        self.cache = DynamicCache(config=self.model.config)
-        self.seq = tokens.to(self.device)  # [B, L] committed tokens
-        self.n_cached = 0  # committed tokens already in the draft cache
+        pad = pad or [0] * tokens.shape[0]
+        self.cache = RaggedCache(DynamicCache(config=self.model.config), pad)
+        self.seq = [row[p:].to(self.device) for row, p in zip(tokens, pad)]  # committed tokens per row
+        self.prefill = tokens.to(self.device)  # fed by the first propose
 
-    def _last_logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """Logits [B, out_size] at the last position only (logits_to_keep=1 / one row of a reduced head)."""
+    def retain(self, rows: list[int]) -> None:
+        self.cache.retain(rows)
+        self.seq = [self.seq[r] for r in rows]
+
+    def _run(self, ids: torch.Tensor, kw: dict, last: list[int] | None) -> torch.Tensor:
+        """Feed ids [B, n] (positions/mask in kw) -> draft logits [B, out_size] at column last[b] of each row
+        (None: the last column, logits_to_keep=1)."""
+        if self.head_weight is None and last is None:
+            return self.model(ids, cache=self.cache.cache, use_cache=True, logits_to_keep=1, **kw).logits[
+                :, -1, : self.out_size
+            ]
+        h = self.decoder(ids, cache=self.cache.cache, use_cache=True, **kw).last_hidden_state
+        h = (
+            h[:, -1]
+            if last is None
+            else h[torch.arange(h.shape[0], device=h.device), torch.tensor(last, device=h.device)]
+        )
         if self.head_weight is not None:
-            h = self.decoder(ids, cache=self.cache, use_cache=True).last_hidden_state[:, -1]
             return F.linear(h, self.head_weight)
-        return self.model(ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits[
-            :, -1, : self.out_size
-        ]
+        return self.model.get_output_embeddings()(h)[:, : self.out_size]
+
+    def _feed_committed(self) -> torch.Tensor:
+        """Put every row's committed tokens the cache lacks into it; -> logits [B, out_size] after the last."""
+        rc, dtype = self.cache, self.model.dtype
+        if self.prefill is not None:  # the prompts: left-padded, one forward
+            ids, self.prefill = self.prefill, None
+            logits = self._run(ids, rc.prefill_inputs(ids.shape[1], dtype, self.device), None)
+            rc.prefilled(ids.shape[1])
+            return logits
+        counts = [len(s) - (n - p) for s, n, p in zip(self.seq, rc.lengths, rc.pads)]
+        width = max(counts)
+        ids = torch.zeros(len(counts), width, dtype=torch.long, device=self.device)
+        for b, (s, c) in enumerate(zip(self.seq, counts)):
+            ids[b, :c] = s[len(s) - c :]
+        kw = rc.block_inputs(width, dtype, self.device)
+        logits = self._run(ids, kw, None if min(counts) == width else [c - 1 for c in counts])
+        rc.commit([range(c) for c in counts], width)
+        return logits
 
     def _to_target(self, idx: torch.Tensor) -> torch.Tensor:
         return idx if self.vocab_ids is None else self.vocab_ids[idx]
 
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None = None) -> Proposal:
-        ids = self.seq[
-            :, self.n_cached :
-        ]  # committed tokens the draft has not seen (1, or 2 after a full accept)
+        B = len(self.seq)
+        logits = self._feed_committed()
+        self.base = list(self.cache.lengths)
+        sizes = [k] * B  # drafted tokens per row (a confidence stop shortens a row)
         tokens, probs = [], []
         for i in range(k):
-            logits = self._last_logits(ids)
-            if self.stop_below > 0.0 and float(torch.softmax(logits.float(), -1).amax()) < self.stop_below:
-                break  # the cache now also holds the last drafted token; advance() crops what is not kept
+            if i > 0:  # the previous token goes into the cache; its logits give this one
+                rc = self.cache
+                logits = self._run(
+                    tokens[-1][:, None], rc.block_inputs(1, self.model.dtype, self.device), None
+                )
+                rc.commit([[0]] * B, 1)
+            if self.stop_below > 0.0:
+                unsure = (torch.softmax(logits.float(), -1).amax(-1) < self.stop_below).tolist()
+                sizes = [i if u and s == k else s for u, s in zip(unsure, sizes)]
+                if all(s < k for s in sizes):
+                    break  # every row stopped: the cache holds the last drafted token, advance() crops it
             if params.greedy:
                 idx = logits.argmax(-1)  # [B]
             else:
@@ -89,28 +135,34 @@ class DraftModelProposer:
                 else:
                     full[:, : self.out_size] = q
                 probs.append(full)
-            tok = self._to_target(idx)
-            tokens.append(tok)
-            if i < k - 1:
-                ids = tok[:, None]
-        self.proposed = len(tokens)
-        if not tokens:
-            return Proposal.empty(self.seq.shape[0], self.device)
-        return Proposal.chain(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None)
+            tokens.append(self._to_target(idx))
+        self.proposed = sizes
+        width = max(sizes)
+        if width == 0:
+            return Proposal.empty(B, self.device)
+        toks = torch.stack(tokens[:width], 1)
+        return Proposal.chain(
+            toks, torch.stack(probs[:width], 1) if probs else None, None if min(sizes) == width else sizes
+        )
 
-    def advance(self, accepted_nodes: list[int], new_tokens: torch.Tensor, hidden=None) -> None:
-        # the cache holds seq + drafted[:k-1] (seq + drafted[:n] after an early stop at n tokens); only
-        # seq + drafted[:a] stays valid, and at most seq + drafted[:n-1] is known to be in it (no recomputation)
-        L = self.seq.shape[1]
-        keep = min(L + min(len(accepted_nodes), self.proposed - 1), self.cache.get_seq_length())
-        crop_to(self.cache, keep)
-        self.n_cached = keep
-        self.seq = torch.cat([self.seq, new_tokens.to(self.device)], 1)
+    def advance(self, accepted_nodes: list[list[int]], new_tokens: torch.Tensor, hidden=None) -> None:
+        # per row the cache holds the committed tokens + the drafted tokens fed after them (all but the last
+        # drafted one); only drafted[:a] stays valid, and at most drafted[:n-1] is known to be there (no recompute)
+        keep = [
+            min(base + min(len(acc), n - 1), length)
+            for base, acc, n, length in zip(self.base, accepted_nodes, self.proposed, self.cache.lengths)
+        ]
+        self.cache.set_lengths(keep)
+        new = new_tokens.to(self.device)
+        self.seq = [
+            torch.cat([s, new[b, : len(acc) + 1]]) for b, (s, acc) in enumerate(zip(self.seq, accepted_nodes))
+        ]
 
 
 class NGramProposer:
     """Prompt lookup (Saxena 2023; transformers `prompt_lookup_num_tokens`, vLLM `ngram`): find the most recent
-    earlier occurrence of the last n tokens (n = max_n .. min_n) in the context and propose what followed it."""
+    earlier occurrence of the last n tokens (n = max_n .. min_n) in the context and propose what followed it.
+    Each row of a batch looks up its own context."""
 
     name = "ngram"
     hidden_state_layers: tuple[int, ...] = ()
@@ -124,26 +176,57 @@ class NGramProposer:
             )
         self.max_n, self.min_n = max_n, min_n
 
-    def begin(self, tokens: torch.Tensor, hidden=None) -> None:
+    def begin(self, tokens: torch.Tensor, hidden=None, pad: list[int] | None = None) -> None:
         self.device = tokens.device
-        self.buf = (
-            tokens[0].detach().to("cpu", torch.long).clone()
-        )  # lookup runs on the host: tiny integer work
-        self.len = self.buf.numel()
+        pad = pad or [0] * tokens.shape[0]
+        # lookup runs on the host: tiny integer work
+        self.rows = [_Context(row[p:].detach().to("cpu", torch.long)) for row, p in zip(tokens, pad)]
+
+    def retain(self, rows: list[int]) -> None:
+        self.rows = [self.rows[r] for r in rows]
 
     def propose(self, k: int, params: SamplingParams | None = None, generator=None) -> Proposal:
+        found = [row.lookup(k, self.max_n, self.min_n) for row in self.rows]
+        if len(found) == 1:
+            return (
+                Proposal.chain(found[0][None].to(self.device))
+                if found[0].numel()
+                else Proposal.empty(1, self.device)
+            )
+        width = max(f.numel() for f in found)
+        if width == 0:
+            return Proposal.empty(len(found), self.device)
+        toks = torch.zeros(len(found), width, dtype=torch.long)
+        for b, f in enumerate(found):
+            toks[b, : f.numel()] = f
+        sizes = [f.numel() for f in found]
+        return Proposal.chain(toks.to(self.device), None, None if min(sizes) == width else sizes)
+
+    def advance(self, accepted_nodes: list[list[int]], new_tokens: torch.Tensor, hidden=None) -> None:
+        new = new_tokens.to("cpu", torch.long)
+        for row, acc, toks in zip(self.rows, accepted_nodes, new):
+            row.append(toks[: len(acc) + 1])
+
+
+class _Context:
+    """One row's committed tokens in a geometrically grown host buffer."""
+
+    def __init__(self, tokens: torch.Tensor):
+        self.buf, self.len = tokens.clone(), tokens.numel()
+
+    def lookup(self, k: int, max_n: int, min_n: int) -> torch.Tensor:
+        """What followed the most recent earlier occurrence of the longest matching suffix (up to k tokens)."""
         ctx, L = self.buf, self.len
-        for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
+        for n in range(min(max_n, L - 1), min_n - 1, -1):
             # windows over ctx[:L-1] so every match has at least one following token
             windows = ctx[: L - 1].unfold(0, n, 1)  # [L-n, n]
             hits = (windows == ctx[L - n : L]).all(1).nonzero()
             if hits.numel():
                 start = int(hits[-1]) + n
-                return Proposal.chain(ctx[None, start : min(start + k, L)].to(self.device))
-        return Proposal.empty(1, self.device)
+                return ctx[start : min(start + k, L)]
+        return ctx[:0]
 
-    def advance(self, accepted_nodes: list[int], new_tokens: torch.Tensor, hidden=None) -> None:
-        new = new_tokens[0].to("cpu", torch.long)
+    def append(self, new: torch.Tensor) -> None:
         if self.len + new.numel() > self.buf.numel():  # grow geometrically, not per step
             grown = torch.empty(max(2 * self.buf.numel(), self.len + new.numel()), dtype=torch.long)
             grown[: self.len] = self.buf[: self.len]

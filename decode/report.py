@@ -30,6 +30,37 @@ def summary_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def batch_table(batch: dict) -> str:
+    """Markdown: one row per batch size (decode.batching), then the break-even batch size."""
+    lines = [
+        "| batch | tau | tok/s speculative | tok/s plain | speedup | predicted | verify cost t(B(k+1))/t(B) "
+        "| best k measured | best k predicted | identical rows |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for B, r in batch["per_size"].items():
+        tps = r["tokens_per_s"]
+        same = "-" if r["identical_rows"] is None else f"{r['identical_rows']}/{r['rows']}"
+        lines.append(
+            f"| {B} | {_fmt(r['tau'], 2)} | {_fmt(tps['speculative'], 1)} | {_fmt(tps['plain'], 1)} | "
+            f"{_fmt(r['speedup'], 2)}x | {_fmt(r['predicted']['speedup'], 2)}x | {_fmt(r['verify_cost'], 2)} | "
+            f"{r['best_k_measured'] or '-'} | {r['predicted']['best_k']} | {same} |"
+        )
+    be, bp = batch["break_even_batch"], batch["break_even_batch_predicted"]
+    lines += [
+        "",
+        "Break-even batch size (speedup 1, log2-interpolated): measured "
+        + (
+            f"{be:.1f}"
+            if be is not None
+            else f"beyond {batch['batch_sizes'][-1]} (pays at every size measured)"
+        )
+        + ", predicted "
+        + (f"{bp:.1f}" if bp is not None else f"beyond {batch['batch_sizes'][-1]}")
+        + ".",
+    ]
+    return "\n".join(lines)
+
+
 def render_markdown(result: dict) -> str:
     c = result["conditions"]
     tps = result["tokens_per_s"]
@@ -71,6 +102,7 @@ def render_markdown(result: dict) -> str:
             + ", ".join(f"{n}: {v}" for n, v in result["accept_length_hist"].items()),
             "",
             *_why_slower(result),
+            *_batch_section(result),
             "![eval](eval.png)",
             "",
         ]
@@ -83,13 +115,30 @@ def _why_slower(result: dict) -> list[str]:
     return ["## Why slower than plain decoding", "", *(f"- {line}" for line in lines), ""] if lines else []
 
 
+def _batch_section(result: dict) -> list[str]:
+    batch = result.get("batch")
+    if not batch:
+        return []
+    return [
+        "## Batch size",
+        "",
+        f"k = {result['conditions']['k']}; {batch['method']}. Predicted: from this run's acceptance by depth and "
+        "the measured cost of a target forward over B rows of n tokens (decode.speed.StepCosts).",
+        "",
+        batch_table(batch),
+        "",
+    ]
+
+
 def plot(result: dict, path: str | Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    batch = result.get("batch")
+    fig, axes = plt.subplots(1, 3 if batch else 2, figsize=(15 if batch else 10, 3.8))
+    ax1, ax2 = axes[0], axes[1]
     alphas = result["alpha_per_position"]
     xs = list(range(1, len(alphas) + 1))
     ax1.bar(xs, [a or 0.0 for a in alphas], color="tab:blue")
@@ -109,9 +158,26 @@ def plot(result: dict, path: str | Path) -> None:
     ax2.axhline(1.0, color="gray", lw=1, ls="--")
     ax2.set(ylabel="speedup vs plain (same run)", title="wall-clock speedup")
     ax2.tick_params(axis="x", labelrotation=30)
+    if batch:
+        _plot_batch(axes[2], batch)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_batch(ax, batch: dict) -> None:
+    """Speedup against batch size: measured points, the predicted curve, 1x."""
+    sizes = batch["batch_sizes"]
+    rows = [batch["per_size"][str(B)] for B in sizes]
+    ax.plot(sizes, [r["speedup"] or 0.0 for r in rows], marker="o", label="measured")
+    ax.plot(sizes, [r["predicted"]["speedup"] or 0.0 for r in rows], ls="--", marker="x", label="predicted")
+    ax.axhline(1.0, color="gray", lw=1, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set(
+        xlabel="batch size", ylabel="speedup vs plain batched", title="speedup by batch size", xticks=sizes
+    )
+    ax.set_xticklabels([str(B) for B in sizes])
+    ax.legend(fontsize=8)
 
 
 def plot_drafters(results: dict[str, dict], path: str | Path, title: str) -> None:

@@ -216,8 +216,10 @@ class SelfSpecProposer:
         self.decoder = self.cache = None
 
     # -- decoder hooks ----------------------------------------------------------------------------------------
-    def attach(self, decoder, cache) -> None:
-        """Called by the decoder after the prefill: the target's cache (holding the prompt) and the decoder."""
+    def attach(self, decoder, ragged) -> None:
+        """Called by the decoder after the prefill: the target's cache (a RaggedCache holding the prompts) and the
+        decoder."""
+        cache = ragged.cache
         if type(cache).__name__ != "DynamicCache":
             raise DraftsmithError(
                 f"{self.name} drafts on a DynamicCache; run it without --compile / static_cache"
@@ -234,8 +236,8 @@ class SelfSpecProposer:
         self.pending = None  # what verify_forward may reuse: (rows processed, layer-P states [B, j, H])
         self.top.begin(tokens, hidden)
 
-    def advance(self, accepted_nodes: list[int], new_tokens: torch.Tensor, hidden) -> None:
-        self.cached += len(accepted_nodes) + 1  # the decoder cropped/compacted its cache to this length
+    def advance(self, accepted_nodes: list[list[int]], new_tokens: torch.Tensor, hidden) -> None:
+        self.cached += len(accepted_nodes[0]) + 1  # the decoder cropped/compacted its cache to this length
         self.root = new_tokens[:, -1:].to(self.t.device)
         self.pending = None
         self.top.advance(new_tokens, hidden)

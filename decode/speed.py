@@ -237,8 +237,9 @@ def measure_forward_costs(
     *,
     decoder=None,
     warmup: int = 1,
+    batch: int = 1,
 ) -> dict[int, float]:
-    """Seconds of one batch-1 target forward over n new tokens (n in `sizes`) after a `context`-token KV cache,
+    """Seconds of one target forward over `batch` rows of n new tokens (n in `sizes`) after a `context`-token KV cache,
     the way the decoder runs it (`SpeculativeDecoder._forward`, which uses a transposed lm_head on CPUs; pass a
     `decoder` built with compile=... to time its StaticCache + compiled step); the cache is cropped back after each
     forward. Median of `reps` runs after `warmup` runs per size (CUDA graphs record on the 2nd call: use 3)."""
@@ -250,7 +251,7 @@ def measure_forward_costs(
     dec = decoder if decoder is not None else SpeculativeDecoder(model, eos_ids=set())
     vocab = model.config.get_text_config().vocab_size
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (1, context + max(sizes)), generator=gen).to(dec.device)
+    ids = torch.randint(0, vocab, (batch, context + max(sizes)), generator=gen).to(dec.device)
     cache = dec._new_cache(dec._cache_len(context + max(sizes)))
     dec._forward(ids[:, :context], cache, (), logits_to_keep=1, eager=True)
     out = {}

@@ -108,3 +108,34 @@ def verify(
     if params.greedy:
         return verify_greedy(target_logits, proposal)
     return verify_sampling(warp_probs(target_logits, params), proposal, generator)
+
+
+def verify_rows(
+    target_logits: torch.Tensor,
+    proposal: Proposal,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+) -> tuple[list[list[int]], torch.Tensor]:
+    """`verify` for every row of a batch: target_logits [B, 1 + N, V] -> (accepted nodes per row, next token [B]).
+    Greedy chains are checked for all rows at once (one host sync); trees and sampling walk row by row, each row
+    over its own nodes (`Proposal.row`), drawing from the one generator in row order."""
+    B = target_logits.shape[0]
+    if B == 1:
+        path, nxt = verify(target_logits, proposal, params, generator)
+        return [path], nxt
+    if params.greedy and proposal.is_chain:
+        argmax = target_logits.argmax(-1)  # [B, 1 + N]
+        n = proposal.num_nodes
+        sizes = torch.tensor([proposal.row_size(b) for b in range(B)], device=argmax.device)
+        ok = (proposal.tokens.to(argmax.device) == argmax[:, :n]) & (
+            torch.arange(n, device=argmax.device) < sizes[:, None]
+        )
+        a = ok.long().cumprod(-1).sum(-1)  # [B] the matching prefix of each row
+        return [list(range(x)) for x in a.tolist()], argmax.gather(1, a[:, None])[:, 0]
+    paths, nxt = [], []
+    for b in range(B):
+        row = proposal.row(b)
+        path, tok = verify(target_logits[b : b + 1, : 1 + row.num_nodes], row, params, generator)
+        paths.append(path)
+        nxt.append(tok.reshape(1))
+    return paths, torch.cat(nxt)

@@ -36,6 +36,11 @@ class EvalSettings:
     """First N prompts only."""
     warmup_tokens: int = 16
     """The first prompt is decoded once this long by every method before timing; excluded from every number."""
+    batch_sizes: tuple[int, ...] = ()
+    """Also decode the prompts in batches of these sizes (decode.batching; 1 is added as the reference);
+    () = batch 1 only."""
+    sweep_k: bool = False
+    """At every batch size, also measure every draft length 1..k (the best k measured)."""
 
     def __post_init__(self):
         if self.k < 1:
@@ -43,6 +48,10 @@ class EvalSettings:
         if self.max_new_tokens < 1:
             raise DraftsmithError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         check_limit(self.limit)
+        if self.batch_sizes:
+            if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batch_sizes):
+                raise DraftsmithError(f"batch sizes must be integers >= 1, got {list(self.batch_sizes)}")
+            object.__setattr__(self, "batch_sizes", tuple(sorted({1, *self.batch_sizes})))
         self.params  # noqa: B018 - SamplingParams validates temperature/top_p/top_k with one-line errors
 
     @property
@@ -104,3 +113,16 @@ def conditions(settings: EvalSettings, **run) -> dict:
         "excluded",
     }
     return {key: values[key] for key in CONDITION_KEYS}
+
+
+def parse_batch_sizes(text: str) -> tuple[int, ...]:
+    """'1,2,4,8' -> (1, 2, 4, 8); anything else is a one-line error naming the fix."""
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or any(b < 1 for b in sizes):
+        raise DraftsmithError(
+            f"--batch-size must be a comma-separated list of integers >= 1, e.g. 1,2,4,8; got {text!r}"
+        )
+    return sizes

@@ -194,39 +194,41 @@ def _sync(device: torch.device) -> None:
 
 @torch.inference_mode()
 def time_proposer(
-    proposer: Proposer, target, context: int, k: int, steps: int, accept: int = ACCEPT
+    proposer: Proposer, target, context: int, k: int, steps: int, accept: int = ACCEPT, batch: int = 1
 ) -> dict[str, float]:
-    """Seconds per drafting step (propose(k) + advance with `accept` nodes of the proposal's deepest path) after a
-    `context`-token prompt, median of `steps` after two warm-ups; and the mean nodes per proposal."""
+    """Seconds per drafting step (propose(k) + advance with `accept` nodes of each row's deepest path) for `batch`
+    rows after a `context`-token prompt each, median of `steps` after two warm-ups; and the mean nodes per row."""
     dev = next(target.parameters()).device
     cfg = target.config
     gen = torch.Generator().manual_seed(0)
     # a context that repeats a 64-token pattern: n-gram lookup finds matches (as in code or quoted text); the
     # other drafters' costs do not depend on the token values
-    pattern = torch.randint(3, cfg.vocab_size, (1, 64), generator=gen)
-    tokens = pattern.repeat(1, context // 64 + 2)[:, : context + 1].to(dev)
+    pattern = torch.randint(3, cfg.vocab_size, (64,), generator=gen)
+    tokens = pattern.repeat(batch, context // 64 + 2)[:, : context + 1].to(dev)
 
     def hid(n: int):  # random target states of the right shape: the drafters' costs do not depend on values
-        states = [torch.randn(1, n, cfg.hidden_size, device=dev, dtype=target.dtype) for _ in layers]
+        states = [torch.randn(batch, n, cfg.hidden_size, device=dev, dtype=target.dtype) for _ in layers]
         return tuple(states) or None
 
     layers = proposer.hidden_state_layers
     proposer.begin(tokens, hid(context))
     params, draft_gen = SamplingParams(), torch.Generator(device=dev).manual_seed(1)
-    times, nodes, committed = [], [], context + 1
+    times, nodes, committed = [], [], [context + 1] * batch
     for s in range(steps + 2):
         _sync(dev)
         t0 = time.perf_counter()
         prop = proposer.propose(k, params, draft_gen)
-        path = _deepest_path(prop.parents)[:accept]
-        committed += len(path) + 1
-        bonus = pattern[:, (committed - 1) % 64].to(dev)[:, None]  # keeps n-gram lookups on the pattern
-        new = torch.cat([prop.tokens[:, path].to(dev), bonus], 1)
-        proposer.advance(path, new, hid(len(path) + 1))
+        paths = [_deepest_path(prop.row_parents(b))[:accept] for b in range(batch)]
+        new = torch.empty(batch, 1 + max(len(p) for p in paths), dtype=torch.long)
+        for b, path in enumerate(paths):
+            committed[b] += len(path) + 1
+            new[b] = pattern[(committed[b] - 1) % 64]  # the bonus keeps n-gram lookups on the pattern
+            new[b, : len(path)] = prop.tokens[b, path].cpu()
+        proposer.advance(paths, new.to(dev), hid(new.shape[1]))
         _sync(dev)
         if s >= 2:
             times.append(time.perf_counter() - t0)
-            nodes.append(prop.num_nodes)
+            nodes.append(statistics.mean(prop.row_size(b) for b in range(batch)))
     return {"step_s": statistics.median(times), "nodes": statistics.mean(nodes)}
 
 

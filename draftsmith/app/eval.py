@@ -35,15 +35,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compile", action="store_true", help="CUDA: StaticCache + torch.compile of the target step"
     )
+    p.add_argument(
+        "--batch-size",
+        default=None,
+        metavar="B1,B2,..",
+        help="also decode the prompts in batches of these sizes (e.g. 1,2,4,8,16): tau, tokens/s, speedup, verify "
+        "cost and the best k per batch size, and the break-even batch size",
+    )
+    p.add_argument(
+        "--sweep-k", action="store_true", help="with --batch-size: also measure every k from 1 to --k"
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftsmith.decode.report import summary_table
-    from draftsmith.evalsettings import EvalSettings
+    from draftsmith.decode.report import batch_table, summary_table
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.evalsettings import EvalSettings, parse_batch_sizes
 
     from .evaluate import evaluate
 
+    if args.sweep_k and args.batch_size is None:
+        raise DraftsmithError("--sweep-k measures draft lengths per batch size; pass --batch-size too")
     settings = EvalSettings(
         k=args.k,
         temperature=args.temperature,
@@ -53,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         compile=args.compile,
         limit=args.limit,
+        batch_sizes=parse_batch_sizes(args.batch_size) if args.batch_size is not None else (),
+        sweep_k=args.sweep_k,
     )
     result = evaluate(
         args.target,
@@ -71,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         f"tau {result['tau']:.2f} (bonus token included) | speedup {result['speedup']:.2f}x "
         f"({tps['speculative']:.1f} vs {tps['plain']:.1f} tok/s, same run) | lossless: {result['lossless']}"
     )
+    if "batch" in result:
+        print(batch_table(result["batch"]))
     if args.out:
         print(f"wrote {args.out}/eval.json, report.md, eval.png")
     return 0 if result["lossless"] in (True, None) else 1

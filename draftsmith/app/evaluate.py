@@ -51,6 +51,11 @@ def evaluate(
     if not isinstance(target, str):
         target_model, target = target, getattr(getattr(target, "config", None), "_name_or_path", "model")
     source, prompts = _load_prompts(prompts, settings.limit)
+    if settings.batch_sizes and max(settings.batch_sizes) > len(prompts):
+        raise DraftsmithError(
+            f"--batch-size {max(settings.batch_sizes)} needs at least as many prompts, got {len(prompts)} from "
+            f"{source}; lower the batch size or raise --limit"
+        )
     tokenizer = tokenizer if tokenizer is not None else models.load_tokenizer(target)
     if target_model is None:
         if kind == "draft":  # tokenizer compatibility from configs + tokenizers, before any weights load
@@ -61,6 +66,8 @@ def evaluate(
         target=target_model, tokenizer=tokenizer, device=dev, dtype=dtype, target_spec=target
     )
     proposer = build_proposer(drafter, ctx)
+    if max(settings.batch_sizes, default=1) > 1 and not hasattr(proposer, "retain"):
+        raise DraftsmithError(f"drafter {kind!r} cannot decode a batch yet; drop --batch-size")
     decoder = SpeculativeDecoder(target_model, tokenizer, compile=settings.compile)
     encoded = encode_prompts(decoder, tokenizer, prompts, settings)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from draftsmith.app import costbench, trainbench
+from draftsmith.app import costbatch, costbench, trainbench
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import write_json, write_text
 
@@ -91,6 +91,11 @@ def markdown(report: dict) -> str:
         lines.append(f"no pytest result (exit status {report.get('pytest_rc')}); see pytest-gpu.log")
     for name, title, md in (
         ("cost", "Cost model (target forward, drafters, predicted speedups)", costbench.markdown),
+        (
+            "batch",
+            "Cost model by batch size (predicted speedup of each profile at batch B)",
+            costbatch.markdown,
+        ),
         ("train", "Training throughput", trainbench.markdown),
     ):
         lines += ["", f"## {title}", ""]
@@ -132,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA device; pass --dry for the CPU check", file=sys.stderr)
         return 2
     write_report(out, report)
-    cost_args, train_args = _bench_args(args.dry, list(args.profiles))
-    _run_phases(report, out, cost_args, train_args, args.budget_s, args.dry)
+    cost_args, batch_args, train_args = _bench_args(args.dry, list(args.profiles))
+    _run_phases(report, out, (cost_args, batch_args, train_args), args.budget_s, args.dry)
     print(f"wrote {out / REPORT}.json and {out / REPORT}.md")
     return 1 if report.get("errors") or (report["pytest"] or {}).get("failures") else 0
 
@@ -184,10 +189,22 @@ def _header(args: argparse.Namespace, cuda: bool, out: Path) -> dict:
     }
 
 
-def _bench_args(dry: bool, profiles: list[str]) -> tuple[costbench.BenchArgs, trainbench.TrainBenchArgs]:
-    """The benchmarks' settings: real shapes on the GPU, tiny ones on the CPU in dry mode."""
+def _bench_args(dry: bool, profiles: list[str]) -> tuple:
+    """The benchmarks' settings (cost model, cost model by batch size, training): real shapes on the GPU, tiny ones
+    on the CPU in dry mode."""
     if not dry:
-        return costbench.BenchArgs(profiles=profiles), trainbench.TrainBenchArgs()
+        batch_args = costbatch.CurveArgs(profiles=profiles)
+        return costbench.BenchArgs(profiles=profiles), batch_args, trainbench.TrainBenchArgs()
+    batch_args = costbatch.CurveArgs(
+        shape="tiny-target",
+        device="cpu",
+        dtype="float32",
+        context=32,
+        batch_sizes=(1, 2, 4),
+        reps=1,
+        plain_tokens=4,
+        profiles=profiles,
+    )
     cost_args = costbench.BenchArgs(
         shape="tiny-target",
         device="cpu",
@@ -208,18 +225,24 @@ def _bench_args(dry: bool, profiles: list[str]) -> tuple[costbench.BenchArgs, tr
         distill_batch=2,
         distill_length=16,
     )
-    return cost_args, train_args
+    return cost_args, batch_args, train_args
 
 
-def _run_phases(report: dict, out: Path, cost_args, train_args, budget_s: float, dry: bool) -> None:
-    """Cheap and certain first: the eager path and every drafter, then training, then the compile time (the one
-    phase whose length is hard to predict: inductor on an 8B graph, CUDA graph recording per length). The report
-    is rewritten after every phase."""
+def _run_phases(report: dict, out: Path, bench_args: tuple, budget_s: float, dry: bool) -> None:
+    """Cheap and certain first: the eager path and every drafter, then the same by batch size, then training, then
+    the compile time (the one phase whose length is hard to predict: inductor on an 8B graph, CUDA graph recording
+    per length). The report is rewritten after every phase."""
+    cost_args, batch_args, train_args = bench_args
     t0 = time.perf_counter()
 
-    def keep(res: dict) -> None:  # partial cost results survive a run cut short
-        report["cost"] = res
-        write_report(out, report)
+    def keeper(name: str):
+        def keep(res: dict) -> None:  # partial results survive a run cut short
+            report[name] = res
+            write_report(out, report)
+
+        return keep
+
+    keep = keeper("cost")
 
     def left() -> float:
         return max(budget_s - (time.perf_counter() - t0), 1e-9)
@@ -227,7 +250,10 @@ def _run_phases(report: dict, out: Path, cost_args, train_args, budget_s: float,
     cost_args.budget_s = 0.3 * budget_s
     _phase(report, "cost", lambda: costbench.run(cost_args, modes=("eager",), on_update=keep))
     write_report(out, report)
-    if dry or left() > 0.5 * budget_s:
+    batch_args.budget_s = 0.25 * budget_s
+    _phase(report, "batch", lambda: costbatch.run(batch_args, on_update=keeper("batch")))
+    write_report(out, report)
+    if dry or left() > 0.35 * budget_s:
         _phase(report, "train", lambda: trainbench.run(train_args))
         write_report(out, report)
     if "cost" in report:
