@@ -19,10 +19,12 @@ PROMPT = torch.tensor([[1, 40, 50, 60, 70, 80, 40, 50, 60, 90, 40, 50]])
 
 @pytest.fixture
 def forced(monkeypatch):
-    """Make every shape's measurement say: row-major wins for 2 and 3 rows (as measured on AVX-512 Xeons)."""
+    """Make every shape's measurement say: row-major wins for 2 and 3 rows (as measured on AVX-512 Xeons), oneDNN
+    for 6 and 8 (as on AMD CPUs without AVX-512), column-major elsewhere."""
     decisions = {}
     monkeypatch.setattr(cpulayout, "_DECISIONS", decisions)
-    monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: frozenset({2, 3}))
+    plan = {2: "row", 3: "row", 6: "onednn", 8: "onednn"}
+    monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: dict(plan))
     return decisions
 
 
@@ -59,14 +61,29 @@ def test_dispatch_uses_the_row_major_copy_exactly_for_its_row_counts(forced):
         (3, True),
         (4, False),
         (5, False),
+        (6, False),
         (12, False),
         (20, False),
+        (200, False),
     ):
         out = lin(torch.randn(rows, 32))
         assert torch.equal(out, lin.bias.expand_as(out)) == reads_copy, rows
     lin.weight.requires_grad_(True)  # a weight that trains again never reads the (now stale) copy
     out = lin(torch.randn(2, 32))
     assert not torch.equal(out, lin.bias.expand_as(out))
+
+
+def test_dispatch_runs_onednn_exactly_for_its_row_counts(forced, monkeypatch):
+    calls = []
+    real = cpulayout._onednn
+    monkeypatch.setattr(cpulayout, "_onednn", lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b))
+    base = nn.Linear(32, 16).requires_grad_(False)
+    lin = copy.deepcopy(base)
+    tune_linears(nn.Sequential(lin))
+    for rows in (1, 2, 4, 5, 6, 7, 8, 11, 12, 40):
+        x = torch.randn(rows, 32)
+        torch.testing.assert_close(lin(x), base(x), rtol=1e-5, atol=1e-5)
+    assert calls == [6, 7, 8, 11]  # buckets 6 and 8 (6-7, 8-11); 12 and up are column-major again
 
 
 def test_skips_trainable_and_respects_the_off_switch(forced, monkeypatch):
@@ -85,14 +102,16 @@ def test_no_room_for_both_layouts_keeps_one(forced):
     model = nn.Sequential(nn.Linear(64, 64).requires_grad_(False))
     summary = tune_linears(model, max_extra_bytes=0)
     assert summary["dual"] == 0 and summary["extra_mib"] == 0
-    assert isinstance(model[0], TunedLinear) and not model[0].row_major_rows  # col-major wins 6 of 8 counts
+    assert isinstance(model[0], TunedLinear) and not model[0].row_major_rows  # row-major wins only 2 of 10 counts
+    assert model[0].kernel_of == {6: "onednn", 8: "onednn"}  # the kernels that need no copy stay
 
 
 def test_measurement_is_real_and_cached(monkeypatch):
     monkeypatch.setattr(cpulayout, "_DECISIONS", {})
-    rows = measure_shape(48, 40, torch.float32)
-    assert rows <= set(ROWS)
-    assert cpulayout._DECISIONS[(48, 40, torch.float32)] == rows
+    plan = measure_shape(48, 40, torch.float32)
+    assert set(plan) <= set(ROWS) and set(plan.values()) <= {"row", "onednn"}
+    assert cpulayout._DECISIONS[(48, 40, torch.float32)] is plan
+    assert "onednn" in cpulayout._candidates(torch.float32, 48)  # this torch build has oneDNN for fp32
 
 
 def test_greedy_speculative_on_a_tuned_target_equals_plain_greedy_on_the_original(forced):
@@ -105,8 +124,9 @@ def test_greedy_speculative_on_a_tuned_target_equals_plain_greedy_on_the_origina
     tune_linears(other)
     dec = SpeculativeDecoder(tuned, None)
     want = plain[0, PROMPT.shape[1] :].tolist()
-    # verify blocks of 1 to k+1 rows: the row-major copy (2-3 rows) and the column-major weight (4+) both verify
-    for k in (1, 2, 4):
+    # verify blocks of 1 to k+1 rows: the row-major copy (2-3 rows), the column-major weight (4-5, 12+) and oneDNN
+    # (6-11) all verify
+    for k in (1, 2, 4, 7):
         for proposer in (DraftModelProposer(tuned, 384), DraftModelProposer(other, 384), NGramProposer()):
             res = dec.generate(PROMPT, proposer, k=k, max_new_tokens=40)
             assert res.tokens[:40] == want, (k, proposer)
