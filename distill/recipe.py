@@ -54,7 +54,9 @@ class ModelArgs:
     draft: str | None = None
     """init=existing: the draft model (Hub id/folder); its tokenizer is checked against the target's first."""
     layers: list[int] | None = None
-    """init=shrink: target layer indices to keep; null = num_layers spread evenly (first and last included)."""
+    """init=shrink: target layer indices to keep; null = num_layers spread evenly (first and last included).
+    init=existing: keep only these layers of the draft (a layer-pruned small model, e.g. 6 of a 0.5B's 24 layers);
+    null = all of them."""
     num_layers: int = 4
     """init=shrink/fresh: number of draft decoder layers."""
     hidden_size: int = 0
@@ -308,6 +310,9 @@ def build_draft(cfg: ModelArgs, target, device) -> tuple[torch.nn.Module, dict]:
             )
         draft = init.existing(cfg.draft, dtype="fp32", device=device)
         info = {"init": "existing", "draft": cfg.draft}
+        if cfg.layers:  # a layer subset of the small model: its embeddings, norm and head stay
+            draft = init.shrink(draft, cfg.layers)
+            info["layers"] = list(cfg.layers)
     elif cfg.init == "shrink":
         layers = cfg.layers if cfg.layers else init.select_layers(n_target, cfg.num_layers)
         draft = init.shrink(target, layers)

@@ -368,3 +368,36 @@ def test_loss_warmup_switches_divergence_at_its_step(gen_dir, tiny_target):
     ):  # a resume may restart at 1
         before_step(step)
         torch.testing.assert_close(loss_fn(draft, raw)[0], plain[kind])
+
+
+def test_existing_draft_pruned_to_a_layer_subset(tiny_dirs, gen_dir, tmp_path):
+    # init=existing with model.layers: a layer-pruned small model (its embeddings, norm and head kept)
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.testing import save_tiny
+
+    two = str(save_tiny(tmp_path / "two-layer-draft", seed=5, num_hidden_layers=2))
+    cfg = _cfg(
+        tiny_dirs,
+        gen_dir,
+        tmp_path / "pruned",
+        "model.init=existing",
+        f"model.draft={two}",
+        "model.layers=[1]",
+    )
+    run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
+    pruned = AutoModelForCausalLM.from_pretrained(tmp_path / "pruned" / "final")
+    assert pruned.config.num_hidden_layers == 1
+    record = json.loads((tmp_path / "pruned" / "final" / "draftsmith_draft.json").read_text())
+    assert record["init"]["layers"] == [1] and record["init"]["init"] == "existing"
+    with pytest.raises(DraftsmithError, match="must be distinct indices in"):
+        bad = _cfg(
+            tiny_dirs,
+            gen_dir,
+            tmp_path / "bad",
+            "model.init=existing",
+            f"model.draft={two}",
+            "model.layers=[2]",
+        )
+        run_distill(bad, make_accelerator(bad.train, cpu=True), progress=False)
+    assert not (tmp_path / "bad").exists()
