@@ -88,6 +88,16 @@ class DataArgs(DataSources):
     """>0: score the training data with the target once and keep its top-k logits per token, so training steps
     on that data skip the target forward (~3x faster for small drafts; the loss sees the top-k truncated target).
     Memory: k x 6 bytes per response token. 0 = exact target every step. Evals always use the exact target."""
+    target_topk_file: str | None = None
+    """cache_target_topk > 0: a safetensors file the scores are written to and read back from by later runs over
+    the same data (e.g. a LoRA and a full fine-tune of the same draft: a large target scores the data once)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.target_topk_file and not self.cache_target_topk:
+            raise DraftsmithError(
+                "data.target_topk_file needs data.cache_target_topk > 0 (the number of target logits kept per token)"
+            )
 
 
 @dataclass
@@ -406,7 +416,14 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
         from draftsmith.distill.policies import cache_target_topk
 
         cache_target_topk(
-            target, policy.examples, d.cache_target_topk, pad, d.max_length, cfg.train.batch_size
+            target,
+            policy.examples,
+            d.cache_target_topk,
+            pad,
+            d.max_length,
+            cfg.train.batch_size,
+            file=d.target_topk_file,
+            target_name=str(m.target),
         )
     return DistillSetup(target, DraftLM(draft, vocab_ids), tokenizer, policy, eval_ex, info)
 

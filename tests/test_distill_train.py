@@ -401,3 +401,26 @@ def test_existing_draft_pruned_to_a_layer_subset(tiny_dirs, gen_dir, tmp_path):
         )
         run_distill(bad, make_accelerator(bad.train, cpu=True), progress=False)
     assert not (tmp_path / "bad").exists()
+
+
+def test_target_topk_file_is_scored_once_and_shared(tiny_dirs, gen_dir, tmp_path, monkeypatch):
+    from draftsmith.distill import policies
+
+    topk = tmp_path / "scores" / "topk.safetensors"
+    common = ("data.cache_target_topk=16", f"data.target_topk_file={topk}", "train.save_every=0")
+    first = _cfg(tiny_dirs, gen_dir, tmp_path / "a", *common)
+    res_a = run_distill(first, make_accelerator(first.train, cpu=True), progress=False)
+    assert topk.is_file()
+
+    def no_scoring(*args, **kwargs):
+        raise AssertionError("the second run must read the scores, not recompute them")
+
+    monkeypatch.setattr(policies, "_score_topk", no_scoring)
+    second = _cfg(tiny_dirs, gen_dir, tmp_path / "b", *common)
+    res_b = run_distill(second, make_accelerator(second.train, cpu=True), progress=False)
+    assert res_b["train"]["loss"] == pytest.approx(res_a["train"]["loss"], rel=1e-5)  # same scores, same run
+    other = _cfg(tiny_dirs, gen_dir, tmp_path / "c", *common, "data.max_length=32")  # other data: refused
+    with pytest.raises(DraftsmithError, match="holds scores of other data"):
+        run_distill(other, make_accelerator(other.train, cpu=True), progress=False)
+    with pytest.raises(DraftsmithError, match="needs data.cache_target_topk > 0"):
+        _cfg(tiny_dirs, gen_dir, tmp_path / "d", f"data.target_topk_file={topk}")
