@@ -88,8 +88,10 @@ def _tiny_overrides(tiny_dirs, gen_dir, out, cfg):
     ]
     if cfg.model.init == "existing":
         ov.append(f"model.draft={tiny_dirs['draft']}")
-    if cfg.model.init == "shrink":
+    if cfg.model.init == "shrink" or cfg.model.layers:
         ov.append("model.layers=[0]")
+    if cfg.data.target_topk_file:
+        ov.append(f"data.target_topk_file={out}-topk.safetensors")
     if cfg.model.vocab_size:
         ov.append("model.vocab_size=64")
     return ov
