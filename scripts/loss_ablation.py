@@ -25,19 +25,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
-ROOT = Path(__file__).resolve().parents[1]
+from recipe_runs import ROOT, RecipeRun, config_class
 
 
 @dataclass(frozen=True)
 class Trainer:
-    script: str
+    script: str  # recipe_runs trainer: distill | heads
     config: str
     spec: str  # the eval drafter spec of a finished run, {final} = its final/ folder
     k: int  # the draft length users pick for it (the recipe's documented choice)
@@ -45,8 +44,8 @@ class Trainer:
 
 
 TRAINERS = {
-    "distill": Trainer("train/distill.py", "recipes/smollm2-135m-quickstart.yaml", "draft:{final}", 4, True),
-    "eagle3": Trainer("train/heads.py", "recipes/heads-smollm2-135m-eagle3.yaml", "eagle:{final}", 3, False),
+    "distill": Trainer("distill", "recipes/smollm2-135m-quickstart.yaml", "draft:{final}", 4, True),
+    "eagle3": Trainer("heads", "recipes/heads-smollm2-135m-eagle3.yaml", "eagle:{final}", 3, False),
 }
 
 
@@ -59,16 +58,6 @@ def trainer_losses(trainer: str) -> tuple[str, ...]:
     from draftsmith.heads.losses import EagleLoss
 
     return get_args(EagleLoss)
-
-
-def config_class(trainer: str):
-    if trainer == "distill":
-        from draftsmith.distill.recipe import DistillConfig
-
-        return DistillConfig
-    from draftsmith.heads.recipe import HeadsConfig
-
-    return HeadsConfig
 
 
 def parse_loss(loss: str, trainer: str) -> tuple[str, str | None, int]:
@@ -101,49 +90,37 @@ def slug(loss: str) -> str:
     return loss.replace(">", "-then-").replace("@", "-at-")
 
 
-def run_overrides(args, loss: str, seed: int, run_dir: Path) -> list[str]:
+@dataclass(frozen=True)
+class Cell:
+    """One (loss, seed) of the ablation and its training run."""
+
+    loss: str
+    seed: int
+    run: RecipeRun
+
+
+def plan(args) -> list[Cell]:
+    """One run per (loss, seed), each validated strictly (every override) before anything runs."""
     extra = ["eval.temperature=1.0"] if args.trainer == "distill" else []  # predicts T=1 and greedy at once
-    return [*args.set, *extra, *loss_overrides(loss, args.trainer), f"train.seed={seed}", "data.split_seed=0",
-            f"output_dir={run_dir}"]  # fmt: skip
-
-
-def plan(args) -> list[dict]:
-    """One entry per (loss, seed): its folder, overrides and state (done / resume / new). Validates every recipe
-    (strict keys and values) before anything runs."""
-    from draftsmith.config import load_config
-    from draftsmith.errors import DraftsmithError
-
-    runs = []
+    cells = []
     for loss in args.losses:
         for seed in args.seeds:
-            run_dir = args.out / args.trainer / "runs" / f"{slug(loss)}-s{seed}"
-            overrides = run_overrides(args, loss, seed, run_dir)
-            try:
-                load_config(config_class(args.trainer), str(args.config), overrides)
-            except DraftsmithError as e:
-                raise SystemExit(f"error: {loss} seed {seed}: {e}") from None
-            state = "done" if (run_dir / "final" / "config.json").is_file() else (
-                "resume" if any(run_dir.glob("checkpoints/step-*")) else "new")  # fmt: skip
-            runs.append({"loss": loss, "seed": seed, "dir": run_dir, "overrides": overrides, "state": state})
-    return runs
-
-
-def train(args, runs: list[dict]) -> None:
-    script = ROOT / TRAINERS[args.trainer].script
-    for i, r in enumerate(runs):
-        if r["state"] == "done":
-            print(f"[{i + 1}/{len(runs)}] {r['loss']} seed {r['seed']}: done, kept", flush=True)
-            continue
-        cmd = [sys.executable, str(script), "--config", str(args.config), "--no-progress", *r["overrides"]]
-        cmd += ["--resume"] if r["state"] == "resume" else []
-        print(f"[{i + 1}/{len(runs)}] {r['loss']} seed {r['seed']}: {'resuming' if r['state'] == 'resume' else 'training'}"
-              f" -> {r['dir']}", flush=True)  # fmt: skip
-        t0 = time.time()
-        proc = subprocess.run(cmd, cwd=ROOT)
-        if proc.returncode != 0:
-            raise SystemExit(f"error: training {r['loss']} seed {r['seed']} failed (exit {proc.returncode}); rerun "
-                             "the same command to resume it")  # fmt: skip
-        print(f"    {time.time() - t0:.0f} s", flush=True)
+            run = RecipeRun(
+                f"{loss}-s{seed}",
+                TRAINERS[args.trainer].script,
+                args.config,
+                args.out / args.trainer / "runs" / f"{slug(loss)}-s{seed}",
+                [
+                    *args.set,
+                    *extra,
+                    *loss_overrides(loss, args.trainer),
+                    f"train.seed={seed}",
+                    "data.split_seed=0",
+                ],
+            )
+            run.validate()
+            cells.append(Cell(loss, seed, run))
+    return cells
 
 
 def predicted(run_dir: Path, trainer: str, k: int) -> dict:
@@ -174,7 +151,7 @@ def _events(path: Path) -> list[dict]:
     return out
 
 
-def measure(args, runs: list[dict]) -> dict[float, dict]:
+def measure(args, cells: list[Cell]) -> dict[float, dict]:
     """Decode every finished run at each temperature in ONE process: target loaded once, each drafter interleaved
     with plain decoding prompt by prompt (draftsmith.decode.evaluate.measure)."""
     import torch
@@ -193,7 +170,7 @@ def measure(args, runs: list[dict]) -> dict[float, dict]:
     for t in args.temperatures:
         f = args.out / args.trainer / f"measured-t{t:g}.json"
         have = json.loads(f.read_text()) if f.is_file() else None
-        if have and sorted(have["drafters"]) == sorted(_names(runs)):
+        if have and sorted(have["drafters"]) == sorted(c.run.name for c in cells):
             results[t] = have
         else:
             todo.append(t)
@@ -205,10 +182,7 @@ def measure(args, runs: list[dict]) -> dict[float, dict]:
         target=target, tokenizer=tok, device=next(target.parameters()).device, target_spec=target_spec
     )
     spec = TRAINERS[args.trainer].spec
-    proposers = {
-        name: build_proposer(spec.format(final=r["dir"] / "final"), ctx)
-        for name, r in zip(_names(runs), runs)
-    }
+    proposers = {c.run.name: build_proposer(spec.format(final=c.run.final), ctx) for c in cells}
     decoder = SpeculativeDecoder(target, tok)
     prompts = load_prompts(args.prompts, limit=args.limit)
     encoded = [torch.tensor([prompt_ids(tok, p)]) for p in prompts]
@@ -228,14 +202,10 @@ def measure(args, runs: list[dict]) -> dict[float, dict]:
     return results
 
 
-def _names(runs: list[dict]) -> list[str]:
-    return [f"{r['loss']}-s{r['seed']}" for r in runs]
-
-
 def _target(args) -> str:
     from draftsmith.config import load_config
 
-    cfg = load_config(config_class(args.trainer), str(args.config), args.set)
+    cfg = load_config(config_class(TRAINERS[args.trainer].script), str(args.config), args.set)
     return cfg.model.target
 
 
@@ -243,17 +213,17 @@ def _spread(xs: list[float]) -> float:
     return (max(xs) - min(xs)) / 2 if len(xs) > 1 else 0.0
 
 
-def aggregate(args, runs: list[dict], measured: dict[float, dict]) -> dict:
+def aggregate(args, cells: list[Cell], measured: dict[float, dict]) -> dict:
     """Per loss and temperature: tau mean +- half-range over seeds, alpha_1, speedup; predicted tau beside it."""
     table = {}
     for loss in args.losses:
-        mine = [r for r in runs if r["loss"] == loss]
+        mine = [c for c in cells if c.loss == loss]
         entry = {}
         for t, m in measured.items():
-            got = [m["drafters"][f"{loss}-s{r['seed']}"] for r in mine]
+            got = [m["drafters"][c.run.name] for c in mine]
             taus = [g["tau"] for g in got]
             alpha1 = [g["alpha_per_position"][0] for g in got if g.get("alpha_per_position")]
-            preds = [predicted(r["dir"], args.trainer, args.k) for r in mine]
+            preds = [predicted(c.run.out, args.trainer, args.k) for c in mine]
             key = "tau_greedy" if t == 0 else "tau_t1"
             pred = [p[key] for p in preds if p.get(key) is not None]
             entry[f"t{t:g}"] = {
@@ -352,22 +322,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    runs = plan(args)
-    results = args.out / args.trainer / "ablation.json"
+    cells = plan(args)
+    states = [c.run.state() for c in cells]
     print(f"{args.trainer}: {len(args.losses)} losses x {len(args.seeds)} seeds from {args.config}; "
-          f"{sum(r['state'] == 'done' for r in runs)} done, {sum(r['state'] == 'resume' for r in runs)} to resume")  # fmt: skip
+          f"{states.count('done')} done, {states.count('resume')} to resume")  # fmt: skip
     if args.dry:
-        for r in runs:
-            print(f"  {r['state']:6s} {r['dir']}: {' '.join(r['overrides'])}")
+        for c, state in zip(cells, states):
+            print(f"  {state:6s} {c.run.out}: {' '.join(c.run.overrides)}")
         return 0
     (args.out / args.trainer).mkdir(parents=True, exist_ok=True)
-    train(args, runs)
-    measured = measure(args, [{**r, "state": "done"} for r in runs])
-    table = aggregate(args, runs, measured)
+    for i, c in enumerate(cells):
+        c.run.run(label=f"[{i + 1}/{len(cells)}] ")
+    measured = measure(args, cells)
+    table = aggregate(args, cells, measured)
     from draftsmith.fileio import write_json, write_text
 
-    write_json(results, {"trainer": args.trainer, "config": str(args.config), "losses": args.losses,
-                         "seeds": args.seeds, "k": args.k, "table": table})  # fmt: skip
+    write_json(args.out / args.trainer / "ablation.json", {"trainer": args.trainer, "config": str(args.config),
+               "losses": args.losses, "seeds": args.seeds, "k": args.k, "table": table})  # fmt: skip
     md = report(args, table, measured)
     write_text(args.out / args.trainer / "ablation.md", md)
     plot(table, args.out / args.trainer / "ablation.png")

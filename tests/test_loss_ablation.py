@@ -60,7 +60,7 @@ def test_dry_run_validates_and_writes_nothing(tiny_setup, capsys):
         (["--losses", "fkl>tvd"], "use A>B@STEPS"),
         (["--losses", "fkl,fkl"], "must not repeat"),
         (["--seeds", "0,x"], "comma lists of numbers"),
-        (["--set", "train.lr=oops"], "error: fkl seed 0:"),
+        (["--set", "train.lr=oops"], "error: fkl-s0:"),
     ],
 )
 def test_bad_arguments_are_one_line_before_anything_is_written(tiny_setup, extra, message):
