@@ -5,10 +5,11 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from draftsmith import cpulayout
-from draftsmith.cpulayout import ROWS, TunedLinear, measure_shape, tune_linears
+from draftsmith import cpukernels, cpulayout
+from draftsmith.cpulayout import ROWS, Plan, TunedLinear, measure_shape, tune_linears
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
 from draftsmith.errors import DraftsmithError
@@ -23,8 +24,8 @@ def forced(monkeypatch):
     for 6 and 8 (as on AMD CPUs without AVX-512), column-major elsewhere."""
     decisions = {}
     monkeypatch.setattr(cpulayout, "_DECISIONS", decisions)
-    plan = {2: "row", 3: "row", 6: "onednn", 8: "onednn"}
-    monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: dict(plan))
+    plan = Plan("col", {2: "row", 3: "row", 6: "onednn", 8: "onednn"})
+    monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: plan)
     return decisions
 
 
@@ -35,7 +36,7 @@ def test_outputs_state_dict_and_ties_are_unchanged(forced):
     tuned = copy.deepcopy(base)
     summary = tune_linears(tuned)
     n_linear = sum(type(m) is nn.Linear for m in base.modules())
-    assert summary["tuned"] == n_linear == summary["dual"]
+    assert summary["tuned"] == n_linear == summary["dual"] == summary["column_major"]
     assert all(type(m) is not nn.Linear for m in tuned.modules())
     assert tuned.lm_head.weight.stride() == (1, tuned.lm_head.weight.shape[0])  # column-major
     assert tuned.model.embed_tokens.weight.is_contiguous()  # the embedding keeps its own row-major weight
@@ -54,7 +55,7 @@ def test_dispatch_uses_the_row_major_copy_exactly_for_its_row_counts(forced):
     holder = nn.Sequential(lin)
     tune_linears(holder)
     assert isinstance(lin, TunedLinear) and lin.row_major_rows == {2, 3}
-    lin.row_major.zero_()  # poison the copy: only forwards that read it change
+    lin.other_layout.zero_()  # poison the copy: only forwards that read it change
     for rows, reads_copy in (
         (1, False),
         (2, True),
@@ -75,8 +76,10 @@ def test_dispatch_uses_the_row_major_copy_exactly_for_its_row_counts(forced):
 
 def test_dispatch_runs_onednn_exactly_for_its_row_counts(forced, monkeypatch):
     calls = []
-    real = cpulayout._onednn
-    monkeypatch.setattr(cpulayout, "_onednn", lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b))
+    real, layout = cpulayout.KERNELS["onednn"]
+    monkeypatch.setitem(
+        cpulayout.KERNELS, "onednn", (lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b), layout)
+    )
     base = nn.Linear(32, 16).requires_grad_(False)
     lin = copy.deepcopy(base)
     tune_linears(nn.Sequential(lin))
@@ -102,16 +105,64 @@ def test_no_room_for_both_layouts_keeps_one(forced):
     model = nn.Sequential(nn.Linear(64, 64).requires_grad_(False))
     summary = tune_linears(model, max_extra_bytes=0)
     assert summary["dual"] == 0 and summary["extra_mib"] == 0
-    assert isinstance(model[0], TunedLinear) and not model[0].row_major_rows  # row-major wins only 2 of 10 counts
+    assert (
+        isinstance(model[0], TunedLinear) and not model[0].row_major_rows
+    )  # row-major wins only 2 of 10 counts
     assert model[0].kernel_of == {6: "onednn", 8: "onednn"}  # the kernels that need no copy stay
 
 
 def test_measurement_is_real_and_cached(monkeypatch):
     monkeypatch.setattr(cpulayout, "_DECISIONS", {})
     plan = measure_shape(48, 40, torch.float32)
-    assert set(plan) <= set(ROWS) and set(plan.values()) <= {"row", "onednn"}
+    assert plan.layout in ("row", "col") and set(plan.kernel_of) <= set(ROWS)
+    assert set(plan.kernel_of.values()) <= set(cpulayout.KERNELS) - {cpulayout.DEFAULT[plan.layout]}
     assert cpulayout._DECISIONS[(48, 40, torch.float32)] is plan
     assert "onednn" in cpulayout._candidates(torch.float32, 48)  # this torch build has oneDNN for fp32
+
+
+def test_choice_keeps_the_layout_closest_to_the_fastest_kernels():
+    choose = cpulayout._choose
+    # an AVX-512 Xeon: column-major wins from 4 rows, row-major at 2-3 -> col + a row copy for 2-3
+    xeon = {n: {"row": 1.0 if n < 4 else 2.0, "col": 1.5 if n in (2, 3) else 1.0} for n in ROWS}
+    assert choose(xeon) == Plan("col", {2: "row", 3: "row"})
+    # an AMD EPYC without AVX-512: stream (row-major) wins up to 16 rows, oneDNN beyond -> row + a column copy
+    amd = {
+        n: {"row": 3.0, "col": 2.5, "onednn": 1.2 if n > 16 else 2.0, "stream": 1.0} for n in ROWS if n <= 16
+    }
+    amd.update({n: {"row": 1.5, "col": 1.4, "onednn": 1.0} for n in ROWS if n > 16})
+    plan = choose(amd)
+    assert plan.layout == "row" and plan.needs_copy
+    assert plan.kernel_of == {**{n: "stream" for n in ROWS if n <= 16}, 32: "onednn", 64: "onednn"}
+    assert plan.without_copy() == Plan("row", {n: "stream" for n in ROWS if n <= 16})
+    # a kernel within MARGIN of the layout's own F.linear is not worth a dispatch
+    flat = {n: {"row": 1.0, "col": 1.02} for n in ROWS}
+    assert choose(flat) == Plan("row", {})
+
+
+@pytest.mark.skipif(not cpukernels.available(), reason="needs x86 with AVX2 + FMA and a C++ compiler")
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 16, 40])
+def test_stream_kernel_equals_f_linear(rows):
+    w = torch.randn(72, 64)
+    b = torch.randn(72)
+    x = torch.randn(rows, 64)
+    torch.testing.assert_close(cpukernels.stream_linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    x3 = torch.randn(2, rows, 64)[:, :, :]  # a batch of sequences, and no bias
+    torch.testing.assert_close(cpukernels.stream_linear(x3, w), F.linear(x3, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not cpukernels.available(), reason="needs x86 with AVX2 + FMA and a C++ compiler")
+def test_row_major_primary_with_stream_and_a_column_copy(monkeypatch):
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+    plan = Plan("row", {1: "stream", 2: "stream", 3: "stream", 32: "onednn"})
+    monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: plan)
+    base = tiny_llama(seed=4).requires_grad_(False)
+    tuned = copy.deepcopy(base)
+    summary = tune_linears(tuned)
+    assert summary["column_major"] == 0 and summary["dual"] == summary["tuned"] > 0
+    assert tuned.lm_head.weight.is_contiguous() and tuned.lm_head.other_layout.stride() == (1, 384)
+    for rows in (1, 2, 3, 5, 32, 40):
+        ids = torch.randint(3, 300, (1, rows))
+        torch.testing.assert_close(tuned(ids).logits, base(ids).logits, rtol=1e-4, atol=1e-4)
 
 
 def test_greedy_speculative_on_a_tuned_target_equals_plain_greedy_on_the_original(forced):
