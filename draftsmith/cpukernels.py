@@ -130,7 +130,7 @@ def _module():
     try:
         from torch.utils.cpp_extension import load_inline
 
-        log.info("compiling draftsmith's small-row CPU matmul (once; cached by torch)")
+        log.info("preparing the small-row CPU matmul (compiled once per machine, ~1 min; then cached by torch)")
         return load_inline(
             "draftsmith_stream_linear_v2",
             cpp_sources=_SOURCE,
