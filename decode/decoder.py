@@ -48,6 +48,25 @@ class GenerationResult:
         return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
 
 
+@dataclass
+class _Run:
+    """The state of one `generate` call, shared by its steps."""
+
+    proposer: Proposer | None
+    params: SamplingParams
+    layers: tuple[int, ...]
+    verify_gen: torch.Generator
+    draft_gen: torch.Generator
+    res: GenerationResult
+    cache: object = None
+    max_len: int = 0
+    cached: int = 0  # tokens in the target cache (tracked on the host: no device sync)
+    last: torch.Tensor | None = None  # [1] the last committed token (the next block's root)
+    prefill_hidden: tuple | None = None
+    path: list[int] = field(default_factory=list)  # the accepted nodes of the last step
+    new: torch.Tensor | None = None  # [1, a + 1] the tokens the last step committed
+
+
 class SpeculativeDecoder:
     """Wraps a HF causal LM target. `generate(ids, proposer)`; proposer None = plain decoding."""
 
@@ -160,6 +179,32 @@ class SpeculativeDecoder:
     ) -> GenerationResult:
         """input_ids: [1, T] prompt ids. Returns the generated ids and per-step acceptance statistics."""
         params = params if params is not None else SamplingParams()  # greedy
+        input_ids = self._check(input_ids, proposer, k, max_new_tokens)
+        run = _Run(
+            proposer=proposer,
+            params=params,
+            layers=tuple(proposer.hidden_state_layers) if proposer is not None else (),
+            verify_gen=torch.Generator().manual_seed(2 * seed),  # host walk in verify_sampling
+            draft_gen=torch.Generator(device=self.device).manual_seed(2 * seed + 1),  # independent streams
+            res=GenerationResult(tokens=[], prompt_len=input_ids.shape[1]),
+        )
+        self._sync()
+        t0 = time.perf_counter()
+        self._prefill(run, input_ids, k, max_new_tokens)
+        run.res.time_prefill = time.perf_counter() - t0
+        self._begin_draft(run, input_ids)
+        done = self._finished(run.res, 1, max_new_tokens)
+        while not done:
+            kk = min(k, max_new_tokens - len(run.res.tokens) - 1)
+            n_new, hidden = self._step(run, kk)
+            done = self._finished(run.res, n_new, max_new_tokens)
+            if proposer is not None and not done:
+                self._timed_draft(run, proposer.advance, run.path, run.new, hidden)
+        self._sync()
+        run.res.time_total = time.perf_counter() - t0
+        return run.res
+
+    def _check(self, input_ids: torch.Tensor, proposer, k: int, max_new_tokens: int) -> torch.Tensor:
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         if input_ids.shape[0] != 1:
@@ -174,95 +219,104 @@ class SpeculativeDecoder:
                 f"prompt ({T} tokens) + max_new_tokens ({max_new_tokens}) + k + 1 exceeds the target's context "
                 f"({self.max_positions}); shorten the prompt or lower --max-new-tokens"
             )
-        input_ids = input_ids.to(self.device)
-        layers = tuple(proposer.hidden_state_layers) if proposer is not None else ()
-        verify_gen = torch.Generator().manual_seed(2 * seed)  # host walk in verify_sampling
-        draft_gen = torch.Generator(device=self.device).manual_seed(2 * seed + 1)  # independent streams
-        res = GenerationResult(tokens=[], prompt_len=T)
-        self._sync()
-        t0 = time.perf_counter()
+        return input_ids.to(self.device)
 
-        # prefill: the first token comes from the target alone (one forward, as in plain decoding)
+    def _prefill(self, run: _Run, input_ids: torch.Tensor, k: int, max_new_tokens: int) -> None:
+        """The prompt's forward; the first token comes from the target alone (as in plain decoding)."""
+        T = input_ids.shape[1]
         # a tree block briefly occupies 1 + N cache rows before compaction (static buffers must hold them)
-        max_len = self._cache_len(
-            T + max_new_tokens + 1 + max(k, int(getattr(proposer, "max_nodes", 0) or 0))
+        nodes = max(k, int(getattr(run.proposer, "max_nodes", 0) or 0))
+        run.max_len = self._cache_len(T + max_new_tokens + 1 + nodes)
+        run.cache = self._new_cache(run.max_len)
+        run.cached = T  # tokens in the target cache (tracked on the host: no device sync)
+        logits, run.prefill_hidden = self._forward(
+            input_ids, run.cache, run.layers, logits_to_keep=1, eager=True
         )
-        cache = self._new_cache(max_len)
-        cached = T  # tokens in the target cache (tracked on the host: no device sync)
-        logits, hidden = self._forward(input_ids, cache, layers, logits_to_keep=1, eager=True)
-        res.target_forwards = 1
-        last = self._pick(logits[:, -1], params, verify_gen)  # [1]
-        res.tokens.append(int(last[0]))  # int() waits for the prefill on any device
-        res.time_prefill = time.perf_counter() - t0
-        if proposer is not None:
-            td = time.perf_counter()
-            if hasattr(proposer, "attach"):  # self-speculative drafters draft on the target's own KV cache
-                proposer.attach(self, cache)
-            proposer.begin(torch.cat([input_ids, last[:, None]], 1), hidden)
-            self._sync()
-            res.time_draft += time.perf_counter() - td
+        run.res.target_forwards = 1
+        run.last = self._pick(logits[:, -1], run.params, run.verify_gen)  # [1]
+        run.res.tokens.append(int(run.last[0]))  # int() waits for the prefill on any device
 
-        done = self._finished(res, 1, max_new_tokens)
-        while not done:
-            remaining = max_new_tokens - len(res.tokens)
-            kk = min(k, remaining - 1)
-            if proposer is not None and kk > 0:
-                td = time.perf_counter()
-                proposal = proposer.propose(kk, params, draft_gen)
-                self._sync()
-                res.time_draft += time.perf_counter() - td
-            else:
-                proposal = Proposal.empty(1, self.device)
-            prefix = cached
-            node_depth = node_depths(proposal.parents)
-            depth = max(node_depth, default=0)
-            if depth > kk:
-                raise DraftsmithError(
-                    f"proposer {proposer.name!r} drafted depth {depth} > k={kk}; proposers must honour k"
-                )
-            block = torch.cat([last[:, None], proposal.tokens.to(self.device)], 1)  # [1, 1 + N]
-            kw = {}
-            if not proposal.is_chain:  # chains use the model's own causal mask
-                depths = torch.tensor([0, *node_depth], device=self.device)
-                kw["position_ids"] = (prefix + depths)[None]
-                kw["attention_mask"] = tree_attention_mask(
-                    proposal.parents,
-                    prefix,
-                    self.target.dtype,
-                    self.device,
-                    kv_len=max_len if self.static else None,
-                )
-            # a self-speculative proposer may verify reusing its shared-layer rows (None: nothing to reuse)
-            shared = proposer.verify_forward(block, proposal) if hasattr(proposer, "verify_forward") else None
-            logits, hidden = shared if shared is not None else self._forward(block, cache, layers, **kw)
-            res.target_forwards += 1
-            path, last = verify(logits, proposal, params, verify_gen)
-            a = len(path)
-            if proposal.is_chain:
-                crop_to(cache, prefix + 1 + a, current=prefix + 1 + proposal.num_nodes)
-            else:
-                compact_cache(
-                    cache,
-                    prefix + 1,
-                    torch.tensor(path, device=self.device, dtype=torch.long),
-                    current=prefix + 1 + proposal.num_nodes,
-                )
-            cached = prefix + 1 + a
-            new = torch.cat([proposal.tokens[:, path].to(self.device), last[:, None]], 1)  # [1, a + 1]
-            res.accepted.append(a)
-            res.proposed.append(depth)
-            res.verified.append(1 + proposal.num_nodes)
-            res.tokens.extend(new[0].tolist())
-            done = self._finished(res, a + 1, max_new_tokens)
-            if proposer is not None and not done:
-                rows = torch.tensor([0, *(1 + i for i in path)], device=self.device)
-                td = time.perf_counter()
-                proposer.advance(path, new, None if hidden is None else tuple(h[:, rows] for h in hidden))
-                self._sync()
-                res.time_draft += time.perf_counter() - td
+    def _begin_draft(self, run: _Run, input_ids: torch.Tensor) -> None:
+        proposer = run.proposer
+        if proposer is None:
+            return
+        if hasattr(proposer, "attach"):  # self-speculative drafters draft on the target's own KV cache
+            self._timed_draft(run, proposer.attach, self, run.cache)
+        tokens = torch.cat([input_ids, run.last[:, None]], 1)
+        self._timed_draft(run, proposer.begin, tokens, run.prefill_hidden)
+        run.prefill_hidden = None
+
+    def _timed_draft(self, run: _Run, fn, *args):
+        """Call a proposer hook, adding its time (device work included) to the drafting time."""
+        td = time.perf_counter()
+        out = fn(*args)
         self._sync()
-        res.time_total = time.perf_counter() - t0
-        return res
+        run.res.time_draft += time.perf_counter() - td
+        return out
+
+    def _step(self, run: _Run, kk: int) -> tuple[int, tuple | None]:
+        """One speculative step (gpt-fast's `speculative_decode`): draft up to kk tokens, verify them and the root
+        in ONE target forward, accept a path, roll the cache back to it. Returns (tokens committed, the hidden
+        rows of the committed tokens for the proposer). A plain step is the same with an empty proposal."""
+        res, proposer = run.res, run.proposer
+        if proposer is not None and kk > 0:
+            proposal = self._timed_draft(run, proposer.propose, kk, run.params, run.draft_gen)
+        else:
+            proposal = Proposal.empty(1, self.device)
+        prefix = run.cached
+        node_depth = node_depths(proposal.parents)
+        depth = max(node_depth, default=0)
+        if depth > kk:
+            raise DraftsmithError(
+                f"proposer {proposer.name!r} drafted depth {depth} > k={kk}; proposers must honour k"
+            )
+        block = torch.cat([run.last[:, None], proposal.tokens.to(self.device)], 1)  # [1, 1 + N]
+        # a self-speculative proposer may verify reusing its shared-layer rows (None: nothing to reuse)
+        shared = proposer.verify_forward(block, proposal) if hasattr(proposer, "verify_forward") else None
+        if shared is None:
+            shared = self._forward(
+                block, run.cache, run.layers, **self._tree_inputs(proposal, node_depth, prefix, run)
+            )
+        logits, hidden = shared
+        res.target_forwards += 1
+        path, run.last = verify(logits, proposal, run.params, run.verify_gen)
+        self._roll_back(run, proposal, path, prefix)
+        run.path = path
+        run.new = torch.cat([proposal.tokens[:, path].to(self.device), run.last[:, None]], 1)  # [1, a + 1]
+        res.accepted.append(len(path))
+        res.proposed.append(depth)
+        res.verified.append(1 + proposal.num_nodes)
+        res.tokens.extend(run.new[0].tolist())
+        if (
+            hidden is not None
+        ):  # the rows that predicted the committed tokens: the root's and the accepted nodes'
+            rows = torch.tensor([0, *(1 + i for i in path)], device=self.device)
+            hidden = tuple(h[:, rows] for h in hidden)
+        return len(path) + 1, hidden
+
+    def _tree_inputs(self, proposal: Proposal, node_depth: list[int], prefix: int, run: _Run) -> dict:
+        """Position ids and the tree attention mask of a tree block ({} for chains: the model's causal mask)."""
+        if proposal.is_chain:
+            return {}
+        depths = torch.tensor([0, *node_depth], device=self.device)
+        mask = tree_attention_mask(
+            proposal.parents,
+            prefix,
+            self.target.dtype,
+            self.device,
+            kv_len=run.max_len if self.static else None,
+        )
+        return {"position_ids": (prefix + depths)[None], "attention_mask": mask}
+
+    def _roll_back(self, run: _Run, proposal: Proposal, path: list[int], prefix: int) -> None:
+        """Keep the root and the accepted path in the cache: crop a chain, gather-then-crop a tree."""
+        a = len(path)
+        if proposal.is_chain:
+            crop_to(run.cache, prefix + 1 + a, current=prefix + 1 + proposal.num_nodes)
+        else:
+            keep = torch.tensor(path, device=self.device, dtype=torch.long)
+            compact_cache(run.cache, prefix + 1, keep, current=prefix + 1 + proposal.num_nodes)
+        run.cached = prefix + 1 + a
 
     def _pick(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
         if params.greedy:

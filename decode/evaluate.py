@@ -1,13 +1,13 @@
-"""`measure()`: a drafter against plain decoding of the same target, in the same run (`draftsmith eval` builds the
-target and the drafter from their specs in draftsmith.app.evaluate, then calls this).
+"""`measure()`: named drafters against plain decoding of the same target, in the same run (`draftsmith eval` builds
+the target and one drafter from their specs in draftsmith.app.evaluate, scripts/bench_drafters.py several).
 
-For each prompt, plain and speculative decoding run back to back, alternating which goes first (so slow drift
-of a shared machine hits both equally); one warm-up prompt runs first and is excluded from every number.
-Greedy runs also check losslessness: the speculative tokens must equal the plain tokens. Where they differ, the
-target is run once over the common prefix and the two candidate tokens' logits compared: in bf16/fp16 a verify
-forward over several tokens rounds differently from a one-token step, so a near-tie (margin within the dtype's
-rounding, `tie_tolerance`) can flip the argmax without any bug. Such rows are counted as `near_tie`, reported with
-their margin, and do not fail the check; any other difference does.
+For each prompt, plain decoding and every drafter run back to back, in an order rotated per prompt (so slow drift
+of a shared machine hits every method equally); one warm-up of the first prompt per method runs first and is
+excluded from every number. Greedy runs also check losslessness: the speculative tokens must equal the plain tokens.
+Where they differ, the target is run once over the common prefix and the two candidate tokens' logits compared: in
+bf16/fp16 a verify forward over several tokens rounds differently from a one-token step, so a near-tie (margin
+within the dtype's rounding, `tie_tolerance`) can flip the argmax without any bug. Such rows are counted as
+`near_tie`, reported with their margin, and do not fail the check; any other difference does.
 """
 
 from __future__ import annotations
@@ -15,16 +15,20 @@ from __future__ import annotations
 import logging
 import platform
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from draftsmith.evalsettings import EvalSettings
 from draftsmith.prompts import Prompt
-from draftsmith.sampling import SamplingParams
 
-from .decoder import SpeculativeDecoder
+from .decoder import GenerationResult, SpeculativeDecoder
 from .metrics import summarize
+from .proposer import Proposer
 
 log = logging.getLogger(__name__)
+PLAIN = "plain"
 
 
 def hardware(device: torch.device) -> str:
@@ -39,50 +43,94 @@ def hardware(device: torch.device) -> str:
     return f"{name} ({torch.get_num_threads()} threads)"
 
 
+@dataclass
+class NamedDrafter:
+    """One drafter of a measurement: its name in the results, its proposer and its draft length."""
+
+    name: str
+    proposer: Proposer
+    k: int
+
+
 def measure(
     decoder: SpeculativeDecoder,
-    proposer,
+    drafters: Sequence[NamedDrafter],
     prompts: list[Prompt],
     encoded: list[torch.Tensor],
+    settings: EvalSettings,
     *,
-    k: int,
-    params: SamplingParams,
-    max_new_tokens: int,
-    seed: int = 0,
     progress: bool = True,
 ) -> dict:
-    """Decode every prompt plainly and speculatively, back to back; return the measured part of eval.json:
-    summary numbers, `lossless` (greedy only), `per_category` and one row per prompt. `encoded[i]` [1, T_i]."""
-    _warm_up(decoder, proposer, encoded[0], k=k, params=params, max_new_tokens=max_new_tokens, seed=seed)
-    rows, spec_res, plain_res = [], [], []
+    """Decode every prompt plainly and with every drafter, back to back; return {"plain": plain decoding's numbers,
+    "drafters": {name: the measured part of an eval.json}}: summary numbers, `lossless` (greedy only),
+    `per_category` and one row per prompt. `encoded[i]` [1, T_i]."""
+    names = [d.name for d in drafters]
+    if PLAIN in names or len(set(names)) != len(names):
+        raise ValueError(f"drafter names must be unique and not {PLAIN!r}: {names}")
+    methods: list[NamedDrafter | None] = [None, *drafters]  # None: plain decoding
+    _warm_up(decoder, methods, encoded[0], settings)
+    runs: dict[str, list[GenerationResult]] = {PLAIN: [], **{n: [] for n in names}}
     from tqdm.auto import tqdm
 
-    for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded)), desc="eval", disable=not progress)):
-        gen_kw = dict(k=k, params=params, max_new_tokens=max_new_tokens, seed=seed + i)
-        if i % 2 == 0:  # alternate which runs first
-            plain = decoder.generate(ids, None, **gen_kw)
-            spec = decoder.generate(ids, proposer, **gen_kw)
-        else:
-            spec = decoder.generate(ids, proposer, **gen_kw)
-            plain = decoder.generate(ids, None, **gen_kw)
-        spec_res.append(spec)
-        plain_res.append(plain)
-        rows.append(_prompt_row(prompt, ids, spec, plain, params.greedy))
-        if params.greedy and spec.tokens != plain.tokens:
-            rows[-1]["divergence"] = divergence(decoder.target, ids, plain.tokens, spec.tokens)
+    for i, ids in enumerate(tqdm(encoded, desc="eval", disable=not progress)):
+        for m in methods[i % len(methods) :] + methods[: i % len(methods)]:  # rotate which runs first
+            runs[m.name if m else PLAIN].append(_generate(decoder, m, ids, settings, seed=settings.seed + i))
+    plain = runs[PLAIN]
+    return {
+        PLAIN: _plain_numbers(plain),
+        "drafters": {
+            d.name: _drafter_result(
+                decoder, prompts, encoded, runs[d.name], plain, d.k, settings.params.greedy
+            )
+            for d in drafters
+        },
+    }
 
-    result = summarize(spec_res, plain_res, k)
-    result.update(lossless_check(rows) if params.greedy else {"lossless": None})
-    result["per_category"] = _per_category(prompts, spec_res, plain_res, k)
+
+def _generate(
+    decoder, method: NamedDrafter | None, ids, settings: EvalSettings, seed: int, max_new_tokens=None
+):
+    return decoder.generate(
+        ids,
+        method.proposer if method else None,
+        k=method.k if method else settings.k,
+        params=settings.params,
+        max_new_tokens=max_new_tokens or settings.max_new_tokens,
+        seed=seed,
+    )
+
+
+def _warm_up(decoder, methods, ids, settings: EvalSettings) -> None:
+    """Allocator, kernels, caches: one short run of every method, excluded from every number."""
+    n = min(settings.warmup_tokens, settings.max_new_tokens)
+    for m in methods:
+        _generate(decoder, m, ids, settings, seed=settings.seed, max_new_tokens=n)
+
+
+def _plain_numbers(plain: list[GenerationResult]) -> dict:
+    tokens = sum(len(r.tokens) for r in plain)
+    seconds = sum(r.time_total for r in plain)
+    steps = sum(r.target_forwards - 1 for r in plain)
+    return {
+        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "new_tokens": tokens,
+        "target_forwards": sum(r.target_forwards for r in plain),
+        # one plain step after the prefill (what decode.speed.costs_from_results calls step_s)
+        "step_s": sum(r.time_total - r.time_prefill for r in plain) / steps if steps > 0 else None,
+    }
+
+
+def _drafter_result(decoder, prompts, encoded, spec: list, plain: list, k: int, greedy: bool) -> dict:
+    rows = []
+    for prompt, ids, s, p in zip(prompts, encoded, spec, plain):
+        rows.append(_prompt_row(prompt, ids, s, p, greedy))
+        if greedy and s.tokens != p.tokens:
+            rows[-1]["divergence"] = divergence(decoder.target, ids, p.tokens, s.tokens)
+    result = summarize(spec, plain, k)
+    result.update(lossless_check(rows) if greedy else {"lossless": None})
+    result["per_category"] = _per_category(prompts, spec, plain, k)
     result["prompts"] = rows
     return result
-
-
-def _warm_up(decoder, proposer, ids, *, k, params, max_new_tokens, seed) -> None:
-    """Allocator, kernels, caches: one short plain and one speculative run, excluded from every number."""
-    n = min(16, max_new_tokens)
-    decoder.generate(ids, None, k=k, params=params, max_new_tokens=n, seed=seed)
-    decoder.generate(ids, proposer, k=k, params=params, max_new_tokens=n, seed=seed)
 
 
 def _prompt_row(prompt: Prompt, ids: torch.Tensor, spec, plain, greedy: bool) -> dict:

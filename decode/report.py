@@ -114,6 +114,29 @@ def plot(result: dict, path: str | Path) -> None:
     plt.close(fig)
 
 
+def plot_drafters(results: dict[str, dict], path: str | Path, title: str) -> None:
+    """Several drafters measured in one run: acceptance by position (one line each) and speedup (one bar each).
+    results: {name: the eval.json-shaped result of one drafter}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, r in results.items():
+        xs = [i + 1 for i, a in enumerate(r["alpha_per_position"]) if a is not None]
+        a1.plot(xs, [a for a in r["alpha_per_position"] if a is not None], marker="o", label=name)
+    a1.set(xlabel="draft position", ylabel="alpha (conditional acceptance)", ylim=(0, 1), title="acceptance")
+    a1.legend(fontsize=8)
+    a2.bar(list(results), [r["speedup"] or 0.0 for r in results.values()])
+    a2.axhline(1.0, color="k", lw=0.8)
+    a2.set(ylabel="speedup over plain (same run)", title=title)
+    a2.tick_params(axis="x", labelrotation=30, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 RESULT_FILES = ("eval.json", "report.md", "eval.png")
 """What write_outputs puts in an eval folder (a folder holding any of them holds an earlier run's results)."""
 

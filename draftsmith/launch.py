@@ -60,10 +60,12 @@ def train_main(
 ) -> int:
     """Parse, load the recipe (strictly), build the accelerator, run `run_fn(cfg, accelerator, resume=,
     overwrite=, progress=)`, print `summary(cfg, result)` on the main process. Returns the exit status."""
+    from draftsmith.deferred import defer_deepspeed
     from draftsmith.engines import make_accelerator
 
     args = _parser(description, recipe_hint).parse_intermixed_args(argv)
     setup_logging(args.verbose)
+    defer_deepspeed()  # imported by the ZeRO engines that use it, not by every checkpoint save (draftsmith.deferred)
     try:
         cfg = load_config(config_cls, args.config, args.overrides)
         accelerator = make_accelerator(cfg.train)

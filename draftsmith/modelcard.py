@@ -17,6 +17,7 @@ import yaml
 
 from draftsmith.checkpoint import EXPORT_MANIFEST, read_json, target_hub_id
 from draftsmith.errors import DraftsmithError
+from draftsmith.evalsettings import CONDITION_KEYS, METRIC_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +39,8 @@ LIBRARY = {
     "sglang-eagle3": "sglang",
 }
 REQUIRED_EVAL = ("tau", "alpha_per_position", "speedup", "tokens_per_s", "conditions")
-CONDITION_KEYS = (
-    "k",
-    "tree",
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_new_tokens",
-    "device",
-    "dtype",
-    "hardware",
-)
+# eval.json conditions a card's table leaves out: a path on the measuring machine, a convention the card states
+CARD_OMITS = ("drafter", "tau_convention")
 
 
 def describe_folder(path: str | os.PathLike) -> dict:
@@ -167,7 +159,7 @@ def _eval_results(ev: dict, prompts: str) -> list:
     from huggingface_hub import EvalResult
 
     cond = ev["conditions"]
-    args = {k: cond[k] for k in CONDITION_KEYS if k in cond and cond[k] is not None}
+    args = {k: cond[k] for k in METRIC_KEYS if k in cond and cond[k] is not None}
     config = f"k={cond.get('k')} tree={cond.get('tree')} temperature={cond.get('temperature')}"
     common = dict(
         task_type="text-generation",
@@ -253,103 +245,23 @@ def build_card(
     info: dict, repo_id: str, eval_data: dict | None, run_yaml: str | None = None, eval_png: str | None = None
 ) -> str:
     """README.md text: YAML front matter (incl. model-index from eval.json) + body."""
-    from huggingface_hub import ModelCard, ModelCardData
+    from huggingface_hub import ModelCard
 
     kind, fmt, target = info["kind"], info.get("format"), dict(info.get("target") or {})
     target["hub_id"] = target_hub_id(target)
     target_id = target["hub_id"] or target.get("name_or_path") or target.get("name") or "TARGET"
     name = repo_id.split("/")[-1]
     lic, lic_src = target_license(target)
-    tags = ["speculative-decoding", "draftsmith", KIND_TAGS.get(kind, kind)] + ([fmt] if fmt else [])
-    datasets = None
     cond = (eval_data or {}).get("conditions", {})
-    prompts = str(cond.get("prompts") or "unknown")
-    data = ModelCardData(
-        base_model=target.get("hub_id") or None,
-        library_name=LIBRARY.get(fmt or kind, "draftsmith"),
-        license=lic,
-        tags=tags,
-        datasets=datasets,
-        model_name=name if eval_data else None,
-        eval_results=_eval_results(eval_data, prompts) if eval_data else None,
-        pipeline_tag="text-generation" if kind == "draft" else None,
-    )
-    k = int(cond.get("k") or 4)
     body = [
         f"# {name}\n",
         f"{KIND_TEXT.get(kind, kind).capitalize()} for speculative decoding with "
         f"[{target_id}](https://huggingface.co/{target_id}), trained with draftsmith."
         + (f" Exported as `{fmt}`." if fmt else "")
         + "\n",
+        *_results_section(eval_data, eval_png),
+        *_usage_section(info, repo_id, target_id, name, int(cond.get("k") or 4)),
     ]
-    if eval_data:
-        alphas = ", ".join(_num(a) for a in eval_data["alpha_per_position"])
-        tps = eval_data["tokens_per_s"]
-        body += [
-            "## Measured results\n",
-            "Measured by `draftsmith eval`; τ counts the bonus token, speedup is wall-clock against plain "
-            "decoding of the same target in the same run.\n",
-            "| metric | value |\n|---|---|",
-            f"| τ (mean accepted length, bonus incl.) | {_num(eval_data['tau'])} |",
-            f"| α per draft position (n/a: depth never reached) | {alphas} |",
-            f"| speedup | {_num(eval_data['speedup'], '×')} |",
-            f"| tokens/s speculative / plain | {tps.get('speculative')} / {tps.get('plain')} |",
-            f"| lossless (greedy output identical, numerical near-ties aside) | {eval_data.get('lossless')} |\n",
-            "Conditions:\n",
-            "| condition | value |\n|---|---|",
-        ]
-        body += [
-            f"| {key} | {cond[key]} |"
-            for key in (
-                "target",
-                "drafter_kind",
-                "k",
-                "tree",
-                "temperature",
-                "top_p",
-                "top_k",
-                "max_new_tokens",
-                "prompts",
-                "n_prompts",
-                "seed",
-                "device",
-                "dtype",
-                "hardware",
-                "torch_version",
-                "draftsmith_version",
-                "date",
-            )
-            if key in cond
-        ]
-        per_cat = eval_data.get("per_category") or {}
-        if per_cat:
-            body += ["\nPer category:\n", "| category | n | τ | speedup |\n|---|---|---|---|"]
-            body += [
-                f"| {c} | {v.get('n_prompts')} | {_num(v.get('tau'))} | {_num(v.get('speedup'), '×')} |"
-                for c, v in per_cat.items()
-            ]
-        if eval_png:
-            body.append(f"\n![acceptance and speedup]({eval_png})")
-        body.append("")
-    else:
-        body += ["## Measured results\n", "None published with this checkpoint (pushed with --no-results).\n"]
-    body += ["## How to use\n", _usage(kind, fmt, repo_id, target_id, k)]
-    if (
-        kind == "draft"
-        and fmt is None
-        and info.get("path")
-        and (Path(info["path"]) / "draft_vocab.safetensors").is_file()
-    ):
-        body.append(
-            "This draft was trained with a reduced output vocabulary (`draft_vocab.safetensors`): draftsmith "
-            "restricts its logits to those rows, other loaders do not. For transformers or vLLM publish "
-            "`draftsmith export --format hf` instead, which keeps excluded tokens from ever winning argmax.\n"
-        )
-    if fmt in (None, "hf"):  # draftsmith eval reads native checkpoints and hf drafts, not engine exports
-        body.append(
-            f"Measure it yourself:\n\n```bash\ndraftsmith eval --target {target_id} --drafter "
-            f"{'draft' if kind == 'draft' else kind}:./{name} --prompts builtin:dev-eval --out eval\n```\n"
-        )
     if run_yaml:
         body += [
             "## Training recipe\n",
@@ -362,11 +274,85 @@ def build_card(
         if lic
         else "Not stated: the target's license could not be determined offline; it governs use of this drafter.",
     ]
+    data = _card_data(kind, fmt, target, lic, name, eval_data)
     content = f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body) + "\n"
     ModelCard(
         content, ignore_metadata_errors=False
     )  # parses the front matter back: fails loudly if malformed
     return content
+
+
+def _card_data(kind: str, fmt: str | None, target: dict, lic: str | None, name: str, eval_data: dict | None):
+    """The front matter: library, license, tags, and the model-index from eval.json."""
+    from huggingface_hub import ModelCardData
+
+    prompts = str((eval_data or {}).get("conditions", {}).get("prompts") or "unknown")
+    return ModelCardData(
+        base_model=target.get("hub_id") or None,
+        library_name=LIBRARY.get(fmt or kind, "draftsmith"),
+        license=lic,
+        tags=["speculative-decoding", "draftsmith", KIND_TAGS.get(kind, kind)] + ([fmt] if fmt else []),
+        datasets=None,
+        model_name=name if eval_data else None,
+        eval_results=_eval_results(eval_data, prompts) if eval_data else None,
+        pipeline_tag="text-generation" if kind == "draft" else None,
+    )
+
+
+def _results_section(eval_data: dict | None, eval_png: str | None) -> list[str]:
+    """The measured numbers, their conditions (every eval.json condition but CARD_OMITS) and per category."""
+    if not eval_data:
+        return ["## Measured results\n", "None published with this checkpoint (pushed with --no-results).\n"]
+    cond = eval_data["conditions"]
+    alphas = ", ".join(_num(a) for a in eval_data["alpha_per_position"])
+    tps = eval_data["tokens_per_s"]
+    lines = [
+        "## Measured results\n",
+        "Measured by `draftsmith eval`; τ counts the bonus token, speedup is wall-clock against plain "
+        "decoding of the same target in the same run.\n",
+        "| metric | value |\n|---|---|",
+        f"| τ (mean accepted length, bonus incl.) | {_num(eval_data['tau'])} |",
+        f"| α per draft position (n/a: depth never reached) | {alphas} |",
+        f"| speedup | {_num(eval_data['speedup'], '×')} |",
+        f"| tokens/s speculative / plain | {tps.get('speculative')} / {tps.get('plain')} |",
+        f"| lossless (greedy output identical, numerical near-ties aside) | {eval_data.get('lossless')} |\n",
+        "Conditions:\n",
+        "| condition | value |\n|---|---|",
+    ]
+    lines += [f"| {key} | {cond[key]} |" for key in CONDITION_KEYS if key in cond and key not in CARD_OMITS]
+    per_cat = eval_data.get("per_category") or {}
+    if per_cat:
+        lines += ["\nPer category:\n", "| category | n | τ | speedup |\n|---|---|---|---|"]
+        lines += [
+            f"| {c} | {v.get('n_prompts')} | {_num(v.get('tau'))} | {_num(v.get('speedup'), '×')} |"
+            for c, v in per_cat.items()
+        ]
+    if eval_png:
+        lines.append(f"\n![acceptance and speedup]({eval_png})")
+    return [*lines, ""]
+
+
+def _usage_section(info: dict, repo_id: str, target_id: str, name: str, k: int) -> list[str]:
+    """How to load it (draftsmith, transformers, vLLM, SGLang) and how to measure it again."""
+    kind, fmt = info["kind"], info.get("format")
+    lines = ["## How to use\n", _usage(kind, fmt, repo_id, target_id, k)]
+    if (
+        kind == "draft"
+        and fmt is None
+        and info.get("path")
+        and (Path(info["path"]) / "draft_vocab.safetensors").is_file()
+    ):
+        lines.append(
+            "This draft was trained with a reduced output vocabulary (`draft_vocab.safetensors`): draftsmith "
+            "restricts its logits to those rows, other loaders do not. For transformers or vLLM publish "
+            "`draftsmith export --format hf` instead, which keeps excluded tokens from ever winning argmax.\n"
+        )
+    if fmt in (None, "hf"):  # draftsmith eval reads native checkpoints and hf drafts, not engine exports
+        lines.append(
+            f"Measure it yourself:\n\n```bash\ndraftsmith eval --target {target_id} --drafter "
+            f"{'draft' if kind == 'draft' else kind}:./{name} --prompts builtin:dev-eval --out eval\n```\n"
+        )
+    return lines
 
 
 def parse_card(text: str) -> dict:

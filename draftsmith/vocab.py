@@ -148,7 +148,7 @@ def restricted_logits(
     """Run the base transformer, then the lm_head over `vocab_ids` rows only.
 
     input_ids [B, T] -> (logits [B, T', V_d] (or [B, T', V] when vocab_ids is None), decoder outputs), where
-    T' = logits_to_keep if > 0 (the last positions) else T. Extra `kw` (position_ids, past_key_values, use_cache,
+    T' = logits_to_keep if > 0 (the last positions) else T. Extra `kw` (position_ids, cache, use_cache,
     output_hidden_states, ...) go to the decoder. Works on LlamaForCausalLM-like models and PeftModel wrappers.
     """
     lm, decoder = causal_lm(model), base_decoder(model)

@@ -26,7 +26,7 @@ NS = (1, 2, 3, 4, 5, 6, 8, 11, 16)
 def forward_ms(model, cache_len: int, n: int, cache, gen: torch.Generator) -> float:
     ids = torch.randint(100, 40000, (1, n), generator=gen)
     t = time.perf_counter()
-    model(ids, past_key_values=cache, use_cache=True)
+    model(ids, cache=cache, use_cache=True)
     dt = time.perf_counter() - t
     crop_to(cache, cache_len)
     return dt * 1e3
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         for name, m in (("nn.Linear", base), ("tuned", tuned)):
             caches[name] = DynamicCache(config=m.config)
-            m(ctx, past_key_values=caches[name], use_cache=True)
+            m(ctx, cache=caches[name], use_cache=True)
         times = {name: {n: [] for n in NS} for name in caches}
         for _ in range(a.reps):
             for n in NS:

@@ -6,35 +6,37 @@
         --drafter earlyexit-noreuse=earlyexit:runs/earlyexit/final,stop_below=0.3,reuse=0@6 \
         --drafter layerskip=layerskip:runs/layerskip@4
 
-Each `--drafter NAME=SPEC@K` is a `draftsmith eval` drafter spec and its draft length. Per prompt, plain decoding
-and every drafter run once, in an order rotated per prompt, after a 16-token warm-up of each (not counted). Printed per
-drafter: tau (bonus included), alpha per position, draft cost per drafted token as a fraction of a plain target
-step, verify time per step, speedup (tokens/s over plain's, same run), extra bytes (tensors the drafter holds
-that are not the target's own), lossless (greedy output == plain), tau per prompt group (HumanEval vs chat).
-Writes --out/bench.json and bench.png.
+Each `--drafter NAME=SPEC@K` is a `draftsmith eval` drafter spec and its draft length. The measurement is
+`draftsmith.decode.evaluate.measure` with every drafter at once (plain decoding and every drafter per prompt, in an
+order rotated per prompt, after a warm-up of each; the lossless check with near-ties). Printed per drafter: tau
+(bonus included), alpha per position, draft cost per drafted token as a fraction of a plain target step, verify
+time per step, speedup (tokens/s over plain's, same run), extra bytes (tensors the drafter holds that are not the
+target's own), lossless (greedy output == plain), tau per prompt group (HumanEval vs chat).
+Writes --out/bench.json and bench.png; --profiles-out DIR one costbench profile (an eval.json subset) per drafter.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
-import warnings
 from pathlib import Path
 
 import torch
 
 from draftsmith import models
 from draftsmith.acceptance import tau_from_accept_lengths
-from draftsmith.app.drafters import build_proposer
+from draftsmith.app.drafters import build_proposer, validate_spec
+from draftsmith.app.evaluate import encode_prompts, run_conditions
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
-from draftsmith.decode.evaluate import hardware
-from draftsmith.decode.metrics import alpha_per_position
+from draftsmith.decode.evaluate import NamedDrafter, measure
+from draftsmith.decode.report import plot_drafters
 from draftsmith.errors import DraftsmithError
-from draftsmith.fileio import check_output_dir
-from draftsmith.prompts import load_prompts, prompt_ids
+from draftsmith.evalsettings import EvalSettings
+from draftsmith.fileio import atomic_write, check_output_dir, write_json
+from draftsmith.prompts import load_prompts
+
+BENCH_FILES = ("bench.json", "bench.png")
 
 
 def extra_bytes(obj, target) -> int:
@@ -71,45 +73,120 @@ def extra_bytes(obj, target) -> int:
     return total
 
 
-def group(prompt) -> str:
+def group(category: str) -> str:
     """HumanEval vs the rest (chat prompts: Vicuna, training-set chat), as the block-drafter comparison reports."""
-    return "humaneval" if prompt.category == "humaneval" else "chat"
+    return "humaneval" if category == "humaneval" else "chat"
 
 
-def tau_of(results) -> float:
-    return tau_from_accept_lengths([a for r in results for a in r.accepted])
-
-
-def tau_by_group(results, groups: list[str]) -> dict[str, float]:
-    return {g: tau_of([r for r, gi in zip(results, groups) if gi == g]) for g in sorted(set(groups))}
+def tau_by_group(rows: list[dict]) -> dict[str, float]:
+    """tau per prompt group from a result's per-prompt rows."""
+    groups = sorted({group(r["category"]) for r in rows})
+    return {
+        g: tau_from_accept_lengths([a for r in rows if group(r["category"]) == g for a in r["accepted"]])
+        for g in groups
+    }
 
 
 def write_profiles(bench: dict, folder: Path, note: str = "") -> list[Path]:
     """One acceptance profile per drafter of a bench.json (the eval.json subset `draftsmith.app.costbench` reads:
-    tau, alpha_per_position, conditions.drafter/drafter_kind/k), so the GPU cost model can price what was
-    measured here."""
+    tau, alpha_per_position, conditions), so the GPU cost model can price what was measured here."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, r in bench["drafters"].items():
-        cond = {
-            "drafter": r["spec"],
-            "drafter_kind": r["spec"].partition(":")[0],
-            "k": r["k"],
-            "target": bench["target"],
-            "device": "cpu",
-            "dtype": bench["dtype"].replace("torch.", ""),
-            "hardware": bench.get("hardware"),
-            "date": bench.get("date"),
+        c = r["conditions"]
+        prof = {
+            "name": name,
+            "source": f"scripts/bench_drafters.py on {c['prompts']} ({c['n_prompts']} prompts, "
+            f"{c['max_new_tokens']} tokens, greedy){note}",
+            **{key: r[key] for key in ("tau", "speedup", "alpha_per_position", "conditions")},
         }
-        prof = {"name": name, "source": f"scripts/bench_drafters.py on {bench['prompts']} ({bench['n_prompts']} "
-                f"prompts, {bench['max_new_tokens']} tokens, greedy){note}", "tau": r["tau"],
-                "speedup": r["speedup"], "alpha_per_position": r["alpha_per_position"], "conditions": cond}  # fmt: skip
-        paths.append(folder / f"{name}.json")
-        paths[-1].write_text(json.dumps(prof, indent=1) + "\n")
+        paths.append(write_json(folder / f"{name}.json", prof))
     return paths
 
 
-def main() -> None:
+def parse_drafters(values: list[str]) -> list[tuple[str, str, int]]:
+    """`NAME=SPEC@K` strings -> (name, spec, k); checked (kinds, options) before anything loads."""
+    out = []
+    for d in values:
+        name, _, rest = d.partition("=")
+        spec, _, k = rest.rpartition("@")
+        if not name or not spec or not k.isdigit() or int(k) < 1 or name == "plain":
+            raise DraftsmithError(
+                f"--drafter {d!r} must be NAME=SPEC@K (K >= 1, NAME not 'plain'), e.g. eagle3=eagle:DIR@6"
+            )
+        validate_spec(spec)
+        out.append((name, spec, int(k)))
+    if len({n for n, _, _ in out}) != len(out):
+        raise DraftsmithError("--drafter names must be unique")
+    return out
+
+
+def bench(args: argparse.Namespace, specs: list[tuple[str, str, int]]) -> dict:
+    """Load, measure every drafter and plain decoding in one run, return bench.json."""
+    settings = EvalSettings(
+        max_new_tokens=args.max_new_tokens, limit=args.limit, k=max(k for _, _, k in specs)
+    )
+    prompts = load_prompts(args.prompts, limit=settings.limit)
+    tok = models.load_tokenizer(args.target)
+    target = models.load_model(args.target, dtype=args.dtype, inference=True)
+    ctx = DrafterContext(
+        target=target, tokenizer=tok, device=next(target.parameters()).device, target_spec=args.target
+    )
+    drafters = [NamedDrafter(name, build_proposer(spec, ctx), k) for name, spec, k in specs]
+    dec = SpeculativeDecoder(target, tok)
+    measured = measure(dec, drafters, prompts, encode_prompts(dec, tok, prompts, settings), settings)
+    plain = measured["plain"]
+    rows = {}
+    for (name, spec, k), d in zip(specs, drafters):
+        r = measured["drafters"][name]
+        costs = r["costs"] or {}
+        verify_s = next(iter((costs.get("verify_s") or {}).values()), None)
+        rows[name] = {
+            "spec": spec,
+            "k": k,
+            **{
+                key: r[key] for key in ("tau", "alpha_per_position", "speedup", "lossless", "lossless_detail")
+            },
+            "draft_cost_per_token": costs["draft_s"] / costs["step_s"] if costs else None,
+            "verify_ms_per_step": 1e3 * verify_s if verify_s is not None else None,
+            "extra_bytes": extra_bytes(d.proposer, target),
+            "tau_by_group": tau_by_group(r["prompts"]),
+            "conditions": run_conditions(
+                settings.with_k(k),
+                args.target,
+                target,
+                spec,
+                d.proposer,
+                source=args.prompts,
+                n_prompts=len(prompts),
+            ),  # fmt: skip
+            "prompts": r["prompts"],
+        }
+    return {
+        "target": args.target,
+        "plain_ms_per_step": 1e3 * plain["step_s"] if plain["step_s"] else None,
+        "plain_tokens_per_s": plain["tokens_per_s"],
+        "drafters": rows,
+    }
+
+
+def print_table(out: dict) -> None:
+    c = next(iter(out["drafters"].values()))["conditions"]
+    print(f"\nplain: {out['plain_tokens_per_s']:.1f} tokens/s, {out['plain_ms_per_step'] or float('nan'):.1f} ms per "
+          f"target step ({c['n_prompts']} prompts, {c['hardware']})")  # fmt: skip
+    print("| drafter | k | tau | tau chat / humaneval | alpha per position | draft cost / target step | verify ms/step | "
+          "speedup | extra MB | lossless |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for m, r in out["drafters"].items():
+        alpha = " ".join("-" if a is None else f"{a:.2f}" for a in r["alpha_per_position"])
+        groups = " / ".join(f"{t:.2f}" for t in r["tau_by_group"].values())
+        cost = "-" if r["draft_cost_per_token"] is None else f"{r['draft_cost_per_token']:.3f}"
+        verify = "-" if r["verify_ms_per_step"] is None else f"{r['verify_ms_per_step']:.1f}"
+        print(f"| {m} | {r['k']} | {r['tau']:.2f} | {groups} | {alpha} | {cost} | {verify} | {r['speedup']:.2f}x | "
+              f"{r['extra_bytes'] / 2**20:.1f} | {r['lossless']} |")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--prompts", default="builtin:dev-eval")
@@ -119,102 +196,26 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_drafters")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--profiles-out", default=None, help="also write one costbench profile per drafter here")
-    args = ap.parse_args()
-    try:  # before anything loads: a bad output folder fails now, not after the benchmark
-        check_output_dir(args.out, ("bench.json", "bench.png"), overwrite=True)
+    args = ap.parse_args(argv)
+    try:  # before anything loads: bad input fails now, not after the benchmark
+        check_output_dir(args.out, BENCH_FILES, overwrite=True)
         if args.profiles_out:
             check_output_dir(args.profiles_out)
+        specs = parse_drafters(args.drafter)
+        out = bench(args, specs)
     except DraftsmithError as e:
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    warnings.filterwarnings("ignore")
-    specs = []
-    for d in args.drafter:
-        name, _, rest = d.partition("=")
-        spec, _, k = rest.rpartition("@")
-        if not name or not spec or not k.isdigit():
-            raise SystemExit(f"error: --drafter {d!r} must be NAME=SPEC@K, e.g. eagle3=eagle:DIR@6")
-        specs.append((name, spec, int(k)))
-    tok = models.load_tokenizer(args.target)
-    target = models.load_model(args.target, dtype=args.dtype, inference=True)
-    dev = next(target.parameters()).device
-    ctx = DrafterContext(target=target, tokenizer=tok, device=dev, target_spec=args.target)
-    props = {name: (build_proposer(spec, ctx), k) for name, spec, k in specs}
-    dec = SpeculativeDecoder(target, tok)
-    prompts = load_prompts(args.prompts, limit=args.limit)
-    encoded = [torch.tensor([prompt_ids(tok, p)]) for p in prompts]
-    methods = ["plain", *props]
-    res: dict[str, list] = {m: [] for m in methods}
-    for m in methods:  # warm-up (allocator, kernels): the first prompt, 16 tokens, every method; not counted
-        p, k = props.get(m, (None, 4))
-        dec.generate(encoded[0], p, k=k, max_new_tokens=16)
-    t0 = time.time()
-    for i, ids in enumerate(encoded):
-        order = methods[i % len(methods) :] + methods[: i % len(methods)]
-        for m in order:
-            p, k = props.get(m, (None, 4))
-            res[m].append(dec.generate(ids, p, k=k, max_new_tokens=args.max_new_tokens))
-        print(f"prompt {i + 1}/{len(encoded)} done ({time.time() - t0:.0f} s)", flush=True)
-    plain = res["plain"]
-    p_tokens = sum(len(r.tokens) for r in plain)
-    p_time = sum(r.time_total for r in plain)
-    step_s = p_time / max(sum(r.target_forwards for r in plain), 1)  # one plain target step (prefill included)
-    rows = {}
-    for m, (p, k) in props.items():
-        rs = res[m]
-        steps = sum(len(r.accepted) for r in rs)
-        tokens = sum(len(r.tokens) for r in rs)
-        t_total, t_draft = sum(r.time_total for r in rs), sum(r.time_draft for r in rs)
-        drafted = sum(sum(r.proposed) for r in rs)
-        rows[m] = {
-            "spec": next(s for n, s, _ in specs if n == m),
-            "k": k,
-            "tau": tau_of(rs),
-            "alpha_per_position": alpha_per_position(rs, k),
-            "draft_cost_per_token": (t_draft / max(drafted, 1)) / step_s,
-            "verify_ms_per_step": 1e3 * (t_total - t_draft) / max(steps, 1),
-            "speedup": (tokens / t_total) / (p_tokens / p_time),
-            "extra_bytes": extra_bytes(p, target),
-            "lossless": all(a.tokens == b.tokens for a, b in zip(rs, plain)),
-            "tau_by_group": tau_by_group(rs, [group(q) for q in prompts]),
-        }
-    out = {"target": args.target, "prompts": args.prompts, "n_prompts": len(plain), "max_new_tokens":
-           args.max_new_tokens, "dtype": str(target.dtype), "threads": torch.get_num_threads(),
-           "hardware": hardware(dev), "date": time.strftime("%Y-%m-%d"), "plain_ms_per_step": 1e3 * step_s, "plain_tokens_per_s": p_tokens / p_time, "drafters": rows}  # fmt: skip
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "bench.json").write_text(json.dumps(out, indent=1) + "\n")
+        return 2
+    folder = Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "bench.json", out)
+    title = f"{args.target}, {next(iter(out['drafters'].values()))['conditions']['n_prompts']} prompts"
+    atomic_write(folder / "bench.png", lambda p: plot_drafters(out["drafters"], p, title))
     if args.profiles_out:
         write_profiles(out, Path(args.profiles_out))
-    print(f"\nplain: {p_tokens / p_time:.1f} tokens/s, {1e3 * step_s:.1f} ms per target step ({len(plain)} prompts)")
-    print("| drafter | k | tau | tau chat / humaneval | alpha per position | draft cost / target step | verify ms/step | "
-          "speedup | extra MB | lossless |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for m, r in rows.items():
-        alpha = " ".join("-" if a is None else f"{a:.2f}" for a in r["alpha_per_position"])
-        groups = " / ".join(f"{t:.2f}" for t in r["tau_by_group"].values())
-        print(f"| {m} | {r['k']} | {r['tau']:.2f} | {groups} | {alpha} | {r['draft_cost_per_token']:.3f} | "
-              f"{r['verify_ms_per_step']:.1f} | {r['speedup']:.2f}x | {r['extra_bytes'] / 2**20:.1f} | {r['lossless']} |")  # fmt: skip
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-        for m, r in rows.items():
-            xs = [i + 1 for i, a in enumerate(r["alpha_per_position"]) if a is not None]
-            a1.plot(xs, [a for a in r["alpha_per_position"] if a is not None], marker="o", label=m)
-        a1.set(xlabel="draft position", ylabel="alpha (conditional acceptance)", ylim=(0, 1), title="acceptance")
-        a1.legend(fontsize=8)
-        a2.bar(list(rows), [r["speedup"] for r in rows.values()])
-        a2.axhline(1.0, color="k", lw=0.8)
-        a2.set(ylabel="speedup over plain (same run)", title=f"{args.target}, {len(plain)} prompts")
-        a2.tick_params(axis="x", labelrotation=30, labelsize=8)
-        fig.tight_layout()
-        fig.savefig(Path(args.out) / "bench.png", dpi=110)
-    except ImportError:
-        pass
+    print_table(out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,12 +15,12 @@ from draftsmith.models import cpu_has_fast_bf16, default_device, load_model
 
 def forward_ms(model, n_new: int, ctx: int = 200, reps: int = 8) -> float:
     ids = torch.randint(0, model.config.vocab_size, (1, ctx))
-    cache = model(ids, use_cache=True).past_key_values
+    cache = model(ids, use_cache=True).cache
     x = torch.randint(0, model.config.vocab_size, (1, n_new))
     times = []
     for _ in range(reps):
         t = time.perf_counter()
-        model(x, past_key_values=cache, use_cache=True)
+        model(x, cache=cache, use_cache=True)
         times.append(time.perf_counter() - t)
         cache.crop(-n_new)
     return 1000 * sorted(times)[len(times) // 2]
@@ -33,10 +33,10 @@ def rounding_ulps(model, trials: int = 3) -> float:
     for _ in range(trials):
         ids = torch.randint(100, model.config.vocab_size - 100, (1, 120), generator=g)
         full = model(ids).logits[0, 100:].float()
-        cache = model(ids[:, :100], use_cache=True).past_key_values
+        cache = model(ids[:, :100], use_cache=True).cache
         steps = torch.stack(
             [
-                model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits[0, -1].float()
+                model(ids[:, t : t + 1], cache=cache, use_cache=True).logits[0, -1].float()
                 for t in range(100, 120)
             ]
         )

@@ -14,9 +14,9 @@ Without --draft, the draft is a shrunken copy of the target (embeddings, final n
 from __future__ import annotations
 
 import argparse
+import logging
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -28,6 +28,16 @@ from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
 from draftsmith.distill.init import shrink
 from draftsmith.prompts import load_prompts, prompt_ids
 from draftsmith.vocab import load_draft_vocab
+
+
+class _AssistantConfigNotice(logging.Filter):
+    """transformers' assisted generation calls the assistant's own `generate` with its `generation_config` AND
+    min/max_new_tokens (generation/candidate_generator.py, `_prepare_generation_args`), which its `generate` then
+    reports as deprecated, on every assisted call. The call is transformers' internal one, not this script's (which
+    passes only generation arguments): that one notice is dropped, every other log line passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Passing `generation_config` together with generation-related" not in record.getMessage()
 
 
 def main() -> None:
@@ -57,7 +67,7 @@ def main() -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
-    warnings.filterwarnings("ignore")
+    logging.getLogger("transformers.generation.utils").addFilter(_AssistantConfigNotice())
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -163,13 +163,13 @@ def test_trainbench_runs_both_trainers_through_the_training_loop():
 
 def test_load_profile_reads_what_draftsmith_eval_writes(tiny_dirs, tmp_path):
     from draftsmith.app.evaluate import evaluate
+    from draftsmith.evalsettings import EvalSettings
     from draftsmith.prompts import Prompt
 
     prompts = [Prompt(messages=[{"role": "user", "content": "count: 1 2 3 1 2 3 1 2"}], category="x", id="0")]
-    evaluate(
-        tiny_dirs["target"], "ngram:max=2", prompts, k=3, max_new_tokens=8, out_dir=tmp_path / "run",
-        device="cpu", progress=False,
-    )  # fmt: skip
+    settings = EvalSettings(k=3, max_new_tokens=8)
+    evaluate(tiny_dirs["target"], "ngram:max=2", prompts, settings, out_dir=tmp_path / "run", device="cpu",
+             progress=False)  # fmt: skip
     p = costbench.load_profile(tmp_path / "run" / "eval.json")
     assert p["name"] == "run" and p["kind"] == "ngram" and p["k"] == 3 and p["opts"] == {"max": 2}
     assert p["tau"] >= 1.0 and len(p["alpha_per_position"]) == 3 and p["measured_on"]["device"] == "cpu"

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from draftsmith.app.cli import main
+from draftsmith.evalsettings import CONDITION_KEYS
 
 KEYS = {
     "tau",
@@ -18,26 +19,6 @@ KEYS = {
     "per_category",
     "conditions",
     "prompts",
-}
-COND = {
-    "target",
-    "drafter",
-    "drafter_kind",
-    "k",
-    "tree",
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_new_tokens",
-    "prompts",
-    "n_prompts",
-    "seed",
-    "device",
-    "dtype",
-    "hardware",
-    "torch_version",
-    "draftsmith_version",
-    "date",
 }
 
 
@@ -78,7 +59,7 @@ def test_eval_end_to_end(tiny_dirs, tmp_path, capsys, drafter):
     )
     assert rc == 0
     res = json.loads((out / "eval.json").read_text())
-    assert KEYS <= set(res) and COND <= set(res["conditions"])
+    assert KEYS <= set(res) and list(res["conditions"]) == list(CONDITION_KEYS)
     assert res["lossless"] is True and len(res["alpha_per_position"]) == 3
     assert res["lossless_detail"] == {"identical": 3, "near_tie": 0, "mismatch": 0}  # fp32: exact
     assert set(res["per_category"]) == {"text", "code"} and res["per_category"]["text"]["n_prompts"] == 2
@@ -92,20 +73,12 @@ def test_eval_end_to_end(tiny_dirs, tmp_path, capsys, drafter):
 
 def test_evaluate_library_with_loaded_models(tiny_target, tiny_tokenizer, tmp_path):
     from draftsmith.app.evaluate import evaluate
+    from draftsmith.evalsettings import EvalSettings
     from draftsmith.prompts import Prompt
 
     prompts = [Prompt([{"role": "user", "content": "hello there"}], category="a", id="0")]
-    res = evaluate(
-        tiny_target,
-        "ngram:",
-        prompts,
-        k=2,
-        max_new_tokens=8,
-        tokenizer=tiny_tokenizer,
-        progress=False,
-        temperature=0.7,
-        seed=1,
-    )
+    settings = EvalSettings(k=2, max_new_tokens=8, temperature=0.7, seed=1)
+    res = evaluate(tiny_target, "ngram:", prompts, settings, tokenizer=tiny_tokenizer, progress=False)
     assert (
         res["lossless"] is None
         and res["conditions"]["temperature"] == 0.7

@@ -133,16 +133,14 @@ def _draft_costs(model, sizes: QuickstartSizes, width: int, bf16: bool) -> tuple
     with torch.inference_mode():
         ids = torch.randint(0, vocab, (1, 72), generator=gen).to(dev)
         cache = DynamicCache(config=draft.model.config)
-        restricted_logits(
-            draft.model, ids[:, :64], vocab_ids=draft.vocab_ids, past_key_values=cache, use_cache=True
-        )
+        restricted_logits(draft.model, ids[:, :64], vocab_ids=draft.vocab_ids, cache=cache, use_cache=True)
         for i in range(64, 72):
             t0 = time.perf_counter()
             restricted_logits(
                 draft.model,
                 ids[:, i : i + 1],
                 vocab_ids=draft.vocab_ids,
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
             )
             steps.append(time.perf_counter() - t0)

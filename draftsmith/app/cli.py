@@ -76,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     try:
         from draftsmith import cpulayout  # here, not at the top: `draftsmith --help` does not need torch
+        from draftsmith.deferred import defer_deepspeed
 
         cpulayout.enabled()  # the environment's switches are checked before any command loads or writes
+        defer_deepspeed()  # no command imports DeepSpeed unless it uses it (draftsmith.deferred)
         return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
     except DraftsmithError as e:
         print(f"error: {e}", file=sys.stderr)

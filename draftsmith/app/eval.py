@@ -40,26 +40,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from draftsmith.decode.report import summary_table
+    from draftsmith.evalsettings import EvalSettings
 
     from .evaluate import evaluate
 
-    result = evaluate(
-        args.target,
-        args.drafter,
-        args.prompts,
+    settings = EvalSettings(
         k=args.k,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
         max_new_tokens=args.max_new_tokens,
-        limit=args.limit,
         seed=args.seed,
+        compile=args.compile,
+        limit=args.limit,
+    )
+    result = evaluate(
+        args.target,
+        args.drafter,
+        args.prompts,
+        settings,
         out_dir=args.out,
+        overwrite=args.overwrite,
         device=args.device,
         dtype=args.dtype,
         progress=not args.no_progress,
-        compile=args.compile,
-        overwrite=args.overwrite,
     )
     tps = result["tokens_per_s"]
     print(summary_table(result))

@@ -116,6 +116,29 @@ def write_report(out: Path, report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    out = Path(args.out)
+    bad = _bad_input(out, args.profiles)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
+    cuda = torch.cuda.is_available() and not args.dry
+    report = _header(args, cuda, out)
+    if not cuda and not args.dry:
+        report["errors"] = {
+            "device": {"error": "no CUDA device: run with --dry for the CPU check", "traceback": ""}
+        }
+        write_report(out, report)
+        print("error: no CUDA device; pass --dry for the CPU check", file=sys.stderr)
+        return 2
+    write_report(out, report)
+    cost_args, train_args = _bench_args(args.dry, list(args.profiles))
+    _run_phases(report, out, cost_args, train_args, args.budget_s, args.dry)
+    print(f"wrote {out / REPORT}.json and {out / REPORT}.md")
+    return 1 if report.get("errors") or (report["pytest"] or {}).get("failures") else 0
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m draftsmith.app.gpucheck", description=__doc__.split("\n\n")[0]
     )
@@ -129,27 +152,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--profiles", nargs="*", default=[], help="eval.json acceptance profiles for the cost model"
     )
-    args = ap.parse_args(argv)
-    out = Path(args.out)
+    return ap
+
+
+def _bad_input(out: Path, profiles: list[str]) -> str | None:
+    """The one error line for input the check cannot run with (before any compute), or None."""
     if not out.is_dir():
-        print(f"error: {out} is not a folder; create it (scripts/gpu_check.sh does)", file=sys.stderr)
-        return 2
+        return f"{out} is not a folder; create it (scripts/gpu_check.sh does)"
     if (out / f"{REPORT}.json").exists():
-        print(
-            f"error: {out / REPORT}.json exists; pass a new folder (reports are never overwritten)",
-            file=sys.stderr,
-        )
-        return 2
+        return f"{out / REPORT}.json exists; pass a new folder (reports are never overwritten)"
     try:
-        for p in args.profiles:
+        for p in profiles:
             costbench.load_profile(p)  # bad profiles fail before any compute
     except DraftsmithError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return str(e)
+    return None
+
+
+def _header(args: argparse.Namespace, cuda: bool, out: Path) -> dict:
     import draftsmith
 
-    cuda = torch.cuda.is_available() and not args.dry
-    report = {
+    return {
         "mode": "dry" if args.dry else "gpu",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
@@ -159,53 +182,52 @@ def main(argv: list[str] | None = None) -> int:
         "pytest_rc": args.pytest_rc,
         "pytest": pytest_summary(Path(args.pytest_xml) if args.pytest_xml else out / "pytest-gpu.xml"),
     }
-    if not cuda and not args.dry:
-        report["errors"] = {
-            "device": {"error": "no CUDA device: run with --dry for the CPU check", "traceback": ""}
-        }
-        write_report(out, report)
-        print("error: no CUDA device; pass --dry for the CPU check", file=sys.stderr)
-        return 2
-    write_report(out, report)
+
+
+def _bench_args(dry: bool, profiles: list[str]) -> tuple[costbench.BenchArgs, trainbench.TrainBenchArgs]:
+    """The benchmarks' settings: real shapes on the GPU, tiny ones on the CPU in dry mode."""
+    if not dry:
+        return costbench.BenchArgs(profiles=profiles), trainbench.TrainBenchArgs()
+    cost_args = costbench.BenchArgs(
+        shape="tiny-target",
+        device="cpu",
+        dtype="float32",
+        context=32,
+        reps=1,
+        compile="eager",  # dynamo traces the compiled path; no code generation
+        plain_tokens=8,
+        profiles=profiles,
+    )
+    train_args = trainbench.TrainBenchArgs(
+        shape="tiny-target",
+        device="cpu",
+        steps=2,
+        eagle_batch=2,
+        eagle_length=16,
+        ttt_steps=2,
+        distill_batch=2,
+        distill_length=16,
+    )
+    return cost_args, train_args
+
+
+def _run_phases(report: dict, out: Path, cost_args, train_args, budget_s: float, dry: bool) -> None:
+    """Cheap and certain first: the eager path and every drafter, then training, then the compile time (the one
+    phase whose length is hard to predict: inductor on an 8B graph, CUDA graph recording per length). The report
+    is rewritten after every phase."""
     t0 = time.perf_counter()
-    if args.dry:
-        cost_args = costbench.BenchArgs(
-            shape="tiny-target",
-            device="cpu",
-            dtype="float32",
-            context=32,
-            reps=1,
-            compile="eager",  # dynamo traces the compiled path; no code generation
-            plain_tokens=8,
-            profiles=list(args.profiles),
-        )
-        train_args = trainbench.TrainBenchArgs(
-            shape="tiny-target",
-            device="cpu",
-            steps=2,
-            eagle_batch=2,
-            eagle_length=16,
-            ttt_steps=2,
-            distill_batch=2,
-            distill_length=16,
-        )
-    else:
-        cost_args = costbench.BenchArgs(profiles=list(args.profiles))
-        train_args = trainbench.TrainBenchArgs()
 
     def keep(res: dict) -> None:  # partial cost results survive a run cut short
         report["cost"] = res
         write_report(out, report)
 
     def left() -> float:
-        return max(args.budget_s - (time.perf_counter() - t0), 1e-9)
+        return max(budget_s - (time.perf_counter() - t0), 1e-9)
 
-    # cheap and certain first: the eager path and every drafter, then training, then the compile time (the one
-    # phase whose length is hard to predict: inductor on an 8B graph, CUDA graph recording per length)
-    cost_args.budget_s = 0.3 * args.budget_s
+    cost_args.budget_s = 0.3 * budget_s
     _phase(report, "cost", lambda: costbench.run(cost_args, modes=("eager",), on_update=keep))
     write_report(out, report)
-    if args.dry or left() > 0.5 * args.budget_s:
+    if dry or left() > 0.5 * budget_s:
         _phase(report, "train", lambda: trainbench.run(train_args))
         write_report(out, report)
     if "cost" in report:
@@ -215,8 +237,6 @@ def main(argv: list[str] | None = None) -> int:
             report, "cost", lambda: costbench.run(cost_args, modes=("compiled",), prior=eager, on_update=keep)
         )
         write_report(out, report)
-    print(f"wrote {out / REPORT}.json and {out / REPORT}.md")
-    return 1 if report.get("errors") or (report["pytest"] or {}).get("failures") else 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ fit, it says how many minutes this machine needs instead of starting.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from draftsmith.errors import DraftsmithError
 
@@ -155,7 +155,7 @@ def _generate_s(costs: MachineCosts, prompt_lens: list[int], max_new: int) -> fl
 
 
 def dev_lens(shape: DataShape, n: int) -> list[int]:
-    """Prompt lengths of the first n dev-eval prompts (half Vicuna, half HumanEval: quickstart.dev_eval_prompts)."""
+    """Prompt lengths of the first n dev-eval prompts (half Vicuna, half HumanEval: dev_eval_prompts)."""
     return shape.vicuna_lens[: (n + 1) // 2] + shape.humaneval_lens[: n // 2]
 
 
@@ -303,4 +303,64 @@ def plan_quickstart(
         f"({small.train_prompts} prompts, {small.text_examples} text pairs, {small.steps} steps) needs about "
         f"{need / 60:.1f} min here (target scoring {costs.score_tok_s:.0f} tokens/s, draft training "
         f"{costs.train_tok_s:.0f} tokens/s); pass --budget-min {math.ceil(need / 60)} or more"
+    )
+
+
+def plan_record(plan: Plan) -> dict:
+    """A plan as quickstart.json records it."""
+    return {
+        "sizes": asdict(plan.sizes),
+        "scale": plan.scale,
+        "predicted_s": plan.phases,
+        "budget_s": plan.budget_s,
+        "elapsed_at_plan_s": plan.elapsed_s,
+        "predicted_total_s": plan.total_s,
+        "note": plan.note,
+    }
+
+
+def time_table(first: Plan, plan: Plan, timings: dict) -> list[str]:
+    """Predicted vs measured minutes per phase (generation as first planned, the rest as last planned)."""
+    p, m = plan.phases, 60.0
+    rows = [
+        ("generate", first.phases["generate"], timings["generate_s"]),
+        ("score + evals", p["score"] + p["evals"], timings["distill_s"] - timings["train_s"]),
+        ("train", p["train"], timings["train_s"]),
+        ("decoder eval", p["decoder_eval"], timings.get("decoder_eval_s", 0.0)),
+    ]
+    return [
+        "minutes per phase, predicted / measured: "
+        + ", ".join(f"{name} {a / m:.1f} / {b / m:.1f}" for name, a, b in rows)
+        + f"; load + measure {timings['load_and_measure_s'] / m:.1f}; total {timings['total_s'] / m:.1f} "
+        f"of the {plan.budget_s / m:g}-min budget"
+    ]
+
+
+def dev_eval_sets(tokenizer=None, max_length: int | None = None) -> tuple[list, list]:
+    """(Vicuna-80, HumanEval) dev-eval prompts (evaluation only), without any that would not fit `max_length`
+    tokens with the chat template applied."""
+    from draftsmith.prompts import load_prompts, prompt_ids
+
+    def fits(p) -> bool:
+        return tokenizer is None or max_length is None or len(prompt_ids(tokenizer, p)) <= max_length
+
+    return (
+        [p for p in load_prompts("builtin:vicuna") if fits(p)],
+        [p for p in load_prompts("builtin:humaneval") if fits(p)],
+    )
+
+
+def dev_eval_prompts(n: int, tokenizer=None, max_length: int | None = None, sets: tuple | None = None):
+    """n dev-eval prompts, half Vicuna-80 and half HumanEval (dev_lens counts them the same way)."""
+    vic, he = sets or dev_eval_sets(tokenizer, max_length)
+    return vic[: (n + 1) // 2] + he[: n // 2]
+
+
+def costs_line(costs, seconds: float) -> str:
+    """One line: what the first seconds measured (printed before the plan)."""
+    f = costs.forward_s
+    return (
+        f"measured in {seconds:.0f} s: generation step {costs.gen_step_s * 1e3:.0f} ms at batch {GEN_BATCH}, "
+        f"target scoring {costs.score_tok_s:.0f} tokens/s, draft training {costs.train_tok_s:.0f} tokens/s, "
+        f"decode step {f[1] * 1e3:.1f} ms, verify of 5 tokens {f[5] / f[1]:.2f}x a step"
     )

@@ -30,8 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from draftsmith.app.plan import (
     FAST,
@@ -42,9 +43,14 @@ from draftsmith.app.plan import (
     Plan,
     QuickstartSizes,
     check_budget,
+    costs_line,
+    dev_eval_prompts,
+    dev_eval_sets,
     heldout_size,
     plan_quickstart,
+    plan_record,
     predict,
+    time_table,
 )
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import write_json
@@ -98,26 +104,6 @@ def distill_config(out: Path, target: str, sizes: QuickstartSizes, layers: list[
     )
 
 
-def dev_eval_sets(tokenizer=None, max_length: int | None = None) -> tuple[list, list]:
-    """(Vicuna-80, HumanEval) dev-eval prompts (evaluation only), without any that would not fit `max_length`
-    tokens with the chat template applied."""
-    from draftsmith.prompts import load_prompts, prompt_ids
-
-    def fits(p) -> bool:
-        return tokenizer is None or max_length is None or len(prompt_ids(tokenizer, p)) <= max_length
-
-    return (
-        [p for p in load_prompts("builtin:vicuna") if fits(p)],
-        [p for p in load_prompts("builtin:humaneval") if fits(p)],
-    )
-
-
-def dev_eval_prompts(n: int, tokenizer=None, max_length: int | None = None, sets: tuple | None = None):
-    """n dev-eval prompts, half Vicuna-80 and half HumanEval (plan.dev_lens counts them the same way)."""
-    vic, he = sets or dev_eval_sets(tokenizer, max_length)
-    return vic[: (n + 1) // 2] + he[: n // 2]
-
-
 def _plan(model, tok, base: QuickstartSizes, fixed: bool, sets, budget_s: float, t_start: float, evals: bool):
     """Measure this machine and plan (fixed: `base` as given, only predicted). -> (plan, costs, shape)."""
     from draftsmith.app.calibrate import data_shape, measure_costs, train_width
@@ -132,15 +118,6 @@ def _plan(model, tok, base: QuickstartSizes, fixed: bool, sets, budget_s: float,
     phases = predict(costs, shape, base, decoder_eval=evals)
     over = elapsed + sum(phases.values()) > budget_s
     return Plan(base, phases, budget_s, elapsed, None, "over the budget" if over else ""), costs, shape
-
-
-def _costs_line(costs, seconds: float) -> str:
-    f = costs.forward_s
-    return (
-        f"measured in {seconds:.0f} s: generation step {costs.gen_step_s * 1e3:.0f} ms at batch {GEN_BATCH}, "
-        f"target scoring {costs.score_tok_s:.0f} tokens/s, draft training {costs.train_tok_s:.0f} tokens/s, "
-        f"decode step {f[1] * 1e3:.1f} ms, verify of 5 tokens {f[5] / f[1]:.2f}x a step"
-    )
 
 
 def _replan(
@@ -177,6 +154,20 @@ def _replan(
     return new
 
 
+@dataclass
+class _Run:
+    """What the quickstart's steps share: the loaded target and tokenizer, where it writes, timings."""
+
+    target: str
+    out: Path
+    model: Any
+    tok: Any
+    sets: tuple
+    progress: bool
+    t_start: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+
 def quickstart(
     out: str | Path = "runs/quickstart",
     *,
@@ -190,90 +181,138 @@ def quickstart(
     """Measure, plan within `budget_min` minutes, run the four steps above; returns (and writes to
     OUT/quickstart.json) the plan, the before/after numbers and predicted vs measured time per phase.
     `sizes` (or `fast`) fixes the sizes instead of planning them (the plan is still predicted and printed)."""
-    from draftsmith import models
-    from draftsmith.decode.speed import explain_result
-    from draftsmith.distill.recipe import run_distill
-    from draftsmith.examples import examples_from_generated
-    from draftsmith.selfdistill import generate_dataset
-    from draftsmith.trainer import make_accelerator
-
     budget_s = 60 * check_budget(budget_min)  # before anything loads
     fixed = sizes or (FAST if fast else None)
-    base = fixed or FULL
-    out = Path(out)
-    t_start, c_start = time.perf_counter(), time.process_time()
-    timings: dict[str, float] = {}
+    c_start = time.process_time()
+    run = _load_target(target, Path(out), fixed or FULL, progress)
+    first_plan, costs, shape = _measure_and_plan(
+        run, fixed or FULL, fixed is not None, budget_s, run_decoder_eval
+    )
+    _generate_data(run, first_plan.sizes)
+    plan = first_plan
+    if fixed is None:
+        elapsed = time.perf_counter() - run.t_start
+        plan = _replan(
+            plan, costs, shape, run.timings["generate_s"], budget_s, elapsed, run_decoder_eval, run.model
+        )
+    summary, before, after, tok_s = _distill(run, plan.sizes)
+    result = _predicted(run, plan.sizes, summary, before, after, tok_s)
+    result.update(costs=asdict(costs), plan=plan_record(first_plan))
+    result["replan"] = plan_record(plan) if plan is not first_plan else None
+    if run_decoder_eval:
+        result.update(_decoder_eval(run, plan.sizes, summary["final_dir"], costs))
+    timings = run.timings
+    timings["total_s"] = time.perf_counter() - run.t_start
+    timings["total_cpu_s"] = time.process_time() - c_start
+    result["timings"] = timings
+    write_json(run.out / "quickstart.json", result, default=str)
+    for line in time_table(first_plan, plan, timings):
+        print(f"      {line}")
+    print(
+        f"done in {timings['total_s'] / 60:.1f} min; draft: {summary['final_dir']}  summary: "
+        f"{run.out / 'quickstart.json'}"
+    )
+    return result
+
+
+def _load_target(target: str, out: Path, base: QuickstartSizes, progress: bool) -> _Run:
+    """The target and tokenizer, and the dev-eval prompt sets that fit its context beside the answers."""
+    from draftsmith import models
+
+    t_start = time.perf_counter()
     tok = models.load_tokenizer(target)
-    device = models.default_device()
-    model = models.load_model(target, device=device, inference=True)
-    n_layers = model.config.num_hidden_layers
-    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    model = models.load_model(target, device=models.default_device(), inference=True)
     # prompts must leave room for the answer (and the decoder's k+1 lookahead) in the target's context
     room = model.config.max_position_embeddings - max(base.max_new_tokens, base.eval_max_new_tokens) - 8
-    sets = dev_eval_sets(tok, room)
+    return _Run(target, out, model, tok, dev_eval_sets(tok, room), progress, t_start)
+
+
+def _measure_and_plan(run: _Run, base: QuickstartSizes, fixed: bool, budget_s: float, evals: bool):
+    """Step 0: measure this machine, plan, print the plan. -> (plan, costs, shape)."""
+    device = next(run.model.parameters()).device
+    dtype = str(next(run.model.parameters()).dtype).replace("torch.", "")
     t = time.perf_counter()
-    print(f"[0/4] {target} ({device}, {dtype}): measuring this machine, planning for {budget_s / 60:g} min")
-    plan, costs, shape = _plan(model, tok, base, fixed is not None, sets, budget_s, t_start, run_decoder_eval)
-    timings["load_and_measure_s"] = time.perf_counter() - t_start
-    print(f"      {_costs_line(costs, time.perf_counter() - t)}")
+    print(
+        f"[0/4] {run.target} ({device}, {dtype}): measuring this machine, planning for {budget_s / 60:g} min"
+    )
+    plan, costs, shape = _plan(run.model, run.tok, base, fixed, run.sets, budget_s, run.t_start, evals)
+    run.timings["load_and_measure_s"] = time.perf_counter() - run.t_start
+    print(f"      {costs_line(costs, time.perf_counter() - t)}")
     for line in plan.lines():
         print(f"      {line}")
-    first_plan = plan
-    sizes = plan.sizes
-    layers = [i for i in sizes.layers if i < n_layers] or [0]
+    return plan, costs, shape
+
+
+def _generate_data(run: _Run, sizes: QuickstartSizes) -> None:
+    """Step 1: the target answers builtin:train prompts (training data) and dev-eval prompts (references)."""
+    from draftsmith.selfdistill import generate_dataset
 
     t, c = time.perf_counter(), time.process_time()
     print(
-        f"[1/4] the target answers {sizes.train_prompts} builtin:train prompts (+{sizes.dev_prompts} dev-eval references)"
+        f"[1/4] the target answers {sizes.train_prompts} builtin:train prompts "
+        f"(+{sizes.dev_prompts} dev-eval references)"
     )
     gen_kw = {
         "max_new_tokens": sizes.max_new_tokens,
         "batch_size": GEN_BATCH,
-        "model": model,
-        "tokenizer": tok,
-        "progress": progress,
+        "model": run.model,
+        "tokenizer": run.tok,
+        "progress": run.progress,
         "skip_long": True,
         "max_prompt_tokens": MAX_PROMPT_TOKENS,  # long prompts cost padding and prefill time
     }
-    generate_dataset(target, "builtin:train", out / "data" / "train", limit=sizes.train_prompts, **gen_kw)
-    dev = dev_eval_prompts(sizes.dev_prompts, sets=sets)
-    generate_dataset(target, dev, out / "data" / "dev-eval", for_eval=True, **gen_kw)
-    timings["generate_s"], timings["generate_cpu_s"] = time.perf_counter() - t, time.process_time() - c
-    dev_examples = examples_from_generated(out / "data" / "dev-eval", for_eval=True)
-    if fixed is None:
-        elapsed = time.perf_counter() - t_start
-        plan = _replan(plan, costs, shape, timings["generate_s"], budget_s, elapsed, run_decoder_eval, model)
-        sizes = plan.sizes
+    data = run.out / "data"
+    generate_dataset(run.target, "builtin:train", data / "train", limit=sizes.train_prompts, **gen_kw)
+    dev = dev_eval_prompts(sizes.dev_prompts, sets=run.sets)
+    generate_dataset(run.target, dev, data / "dev-eval", for_eval=True, **gen_kw)
+    run.timings["generate_s"] = time.perf_counter() - t
+    run.timings["generate_cpu_s"] = time.process_time() - c
 
+
+def _distill(run: _Run, sizes: QuickstartSizes):
+    """Step 2: cut the draft from the target and distil it. -> (summary, dev-eval before, after, train tokens/s)."""
+    from draftsmith.distill.recipe import run_distill
+    from draftsmith.examples import examples_from_generated
+    from draftsmith.trainer import make_accelerator
+
+    dev_examples = examples_from_generated(run.out / "data" / "dev-eval", for_eval=True)
+    layers = [i for i in sizes.layers if i < run.model.config.num_hidden_layers] or [0]
     t, c = time.perf_counter(), time.process_time()
-    cfg = distill_config(out, target, sizes, layers)
+    cfg = distill_config(run.out, run.target, sizes, layers)
     print(
         f"[2/4] distilling a {len(layers)}-layer draft (target layers {layers}, {sizes.vocab_size}-token head), "
         f"{sizes.steps} steps on the generated answers + {sizes.text_examples} builtin:train-text pairs"
     )
-    accelerator = make_accelerator(cfg.train)
     summary = run_distill(
         cfg,
-        accelerator,
+        make_accelerator(cfg.train),
         overwrite=True,
-        progress=progress,
-        target=model,
-        tokenizer=tok,
+        progress=run.progress,
+        target=run.model,
+        tokenizer=run.tok,
         extra_eval={"dev-eval": dev_examples},
     )
-    timings["distill_s"], timings["distill_cpu_s"] = time.perf_counter() - t, time.process_time() - c
+    run.timings["distill_s"] = time.perf_counter() - t
+    run.timings["distill_cpu_s"] = time.process_time() - c
     events = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     evals = [e for e in events if e["event"] == "eval"]
-    before, after = evals[0]["dev-eval"], evals[-1]["dev-eval"]
     train_ev = [e for e in events if e["event"] == "train" and "tokens_per_s" in e]
-    timings["train_s"] = sum(e["elapsed_s"] for e in train_ev)  # the training steps (and checkpoint saves)
-    tok_s = sum(e["n_tokens"] for e in train_ev) / max(timings["train_s"], 1e-9)
+    run.timings["train_s"] = sum(
+        e["elapsed_s"] for e in train_ev
+    )  # the training steps (and checkpoint saves)
+    tok_s = sum(e["n_tokens"] for e in train_ev) / max(run.timings["train_s"], 1e-9)
+    return summary, evals[0]["dev-eval"], evals[-1]["dev-eval"], tok_s
 
+
+def _predicted(
+    run: _Run, sizes: QuickstartSizes, summary: dict, before: dict, after: dict, tok_s: float
+) -> dict:
+    """Step 3: predicted acceptance before and after training, printed; the start of quickstart.json."""
     ratio = after["tau_greedy"]["4"] / before["tau_greedy"]["4"]
+    ratio_iid = after["tau_greedy_iid"]["4"] / before["tau_greedy_iid"]["4"]
     print(
         "[3/4] predicted acceptance on dev-eval target answers (greedy, teacher-forced, tau includes the bonus token)"
     )
-    ratio_iid = after["tau_greedy_iid"]["4"] / before["tau_greedy_iid"]["4"]
     for name, ev, r in (("before", before, None), ("after", after, ratio)):
         print(
             f"      {name + ':':7} top-1 alpha {ev['top1']:.3f}  tau(k=4) {ev['tau_greedy']['4']:.2f}"
@@ -285,94 +324,57 @@ def quickstart(
         f"      for the sizes planned: {sizes.train_prompts} prompts + {sizes.text_examples} text pairs, "
         f"{sizes.steps} steps; training {tok_s:.0f} tokens/s"
     )
-    result = {
-        "target": target,
+    return {
+        "target": run.target,
         "draft": summary["final_dir"],
         "init": summary["init"],
         "predicted": {"before": before, "after": after, "tau_k4_ratio": ratio, "tau_k4_ratio_iid": ratio_iid},
         "train_tokens_per_s": tok_s,
         "sizes": asdict(sizes),
-        "dtype": dtype,
-        "costs": asdict(costs),
-        "plan": _plan_record(first_plan),
-        "replan": _plan_record(plan) if plan is not first_plan else None,
+        "dtype": str(next(run.model.parameters()).dtype).replace("torch.", ""),
     }
-    if run_decoder_eval:
-        from draftsmith.app.evaluate import evaluate
 
-        t, c = time.perf_counter(), time.process_time()
-        print(
-            f"[4/4] speculative decoding vs plain decoding on {sizes.eval_prompts} dev-eval prompts "
-            f"(k=4, greedy, a step's draft stops below {EVAL_STOP_BELOW} confidence)"
-        )
-        res = evaluate(
-            target,
-            f"draft:{summary['final_dir']},stop_below={EVAL_STOP_BELOW}",
-            dev_eval_prompts(sizes.eval_prompts, sets=sets),
-            k=4,
-            max_new_tokens=sizes.eval_max_new_tokens,
-            out_dir=out / "eval",
-            overwrite=True,  # the quickstart reruns into its own folder (its trainer overwrites too)
-            target_model=model,
-            tokenizer=tok,
-            progress=progress,
-        )
-        timings["decoder_eval_s"] = time.perf_counter() - t
-        timings["decoder_eval_cpu_s"] = time.process_time() - c
-        result["measured"] = {
-            key: res.get(key)
-            for key in ("tau", "speedup", "tokens_per_s", "lossless", "alpha_per_position", "costs")
-        }
-        print(
-            f"      measured tau {res['tau']:.2f} (bonus included), speedup {res['speedup']:.2f}x, "
-            f"lossless {res['lossless']}; report: {out / 'eval' / 'report.md'}"
-        )
-        # verify costs for other draft lengths, as multiples of a step, from this run's own measurements
-        ratios = {n: s / costs.forward_s[1] for n, s in costs.forward_s.items()}
-        why = explain_result(res, verify_ratios=ratios)
-        result["why_slower"] = why
-        if why:
-            print("      why slower than plain decoding (costs measured in this run):")
-            for line in why:
-                print(f"      - {line}")
-    timings["total_s"], timings["total_cpu_s"] = time.perf_counter() - t_start, time.process_time() - c_start
-    result["timings"] = timings
-    write_json(out / "quickstart.json", result, default=str)
-    for line in _time_table(first_plan, plan, timings):
-        print(f"      {line}")
+
+def _decoder_eval(run: _Run, sizes: QuickstartSizes, draft_dir: str, costs) -> dict:
+    """Step 4: the decoder measures the draft against plain decoding; below 1x it says why."""
+    from draftsmith.app.evaluate import evaluate
+    from draftsmith.decode.speed import explain_result
+    from draftsmith.evalsettings import EvalSettings
+
+    t, c = time.perf_counter(), time.process_time()
     print(
-        f"done in {timings['total_s'] / 60:.1f} min; draft: {summary['final_dir']}  summary: {out / 'quickstart.json'}"
+        f"[4/4] speculative decoding vs plain decoding on {sizes.eval_prompts} dev-eval prompts "
+        f"(k=4, greedy, a step's draft stops below {EVAL_STOP_BELOW} confidence)"
     )
-    return result
-
-
-def _plan_record(plan: Plan) -> dict:
-    return {
-        "sizes": asdict(plan.sizes),
-        "scale": plan.scale,
-        "predicted_s": plan.phases,
-        "budget_s": plan.budget_s,
-        "elapsed_at_plan_s": plan.elapsed_s,
-        "predicted_total_s": plan.total_s,
-        "note": plan.note,
+    res = evaluate(
+        run.target,
+        f"draft:{draft_dir},stop_below={EVAL_STOP_BELOW}",
+        dev_eval_prompts(sizes.eval_prompts, sets=run.sets),
+        EvalSettings(k=4, max_new_tokens=sizes.eval_max_new_tokens),
+        out_dir=run.out / "eval",
+        overwrite=True,  # the quickstart reruns into its own folder (its trainer overwrites too)
+        target_model=run.model,
+        tokenizer=run.tok,
+        progress=run.progress,
+    )
+    run.timings["decoder_eval_s"] = time.perf_counter() - t
+    run.timings["decoder_eval_cpu_s"] = time.process_time() - c
+    measured = {
+        key: res.get(key)
+        for key in ("tau", "speedup", "tokens_per_s", "lossless", "alpha_per_position", "costs")
     }
-
-
-def _time_table(first: Plan, plan: Plan, timings: dict) -> list[str]:
-    """Predicted vs measured minutes per phase (generation as first planned, the rest as last planned)."""
-    p, m = plan.phases, 60.0
-    rows = [
-        ("generate", first.phases["generate"], timings["generate_s"]),
-        ("score + evals", p["score"] + p["evals"], timings["distill_s"] - timings["train_s"]),
-        ("train", p["train"], timings["train_s"]),
-        ("decoder eval", p["decoder_eval"], timings.get("decoder_eval_s", 0.0)),
-    ]
-    return [
-        "minutes per phase, predicted / measured: "
-        + ", ".join(f"{name} {a / m:.1f} / {b / m:.1f}" for name, a, b in rows)
-        + f"; load + measure {timings['load_and_measure_s'] / m:.1f}; total {timings['total_s'] / m:.1f} "
-        f"of the {plan.budget_s / m:g}-min budget"
-    ]
+    print(
+        f"      measured tau {res['tau']:.2f} (bonus included), speedup {res['speedup']:.2f}x, "
+        f"lossless {res['lossless']}; report: {run.out / 'eval' / 'report.md'}"
+    )
+    # verify costs for other draft lengths, as multiples of a step, from this run's own measurements
+    ratios = {n: s / costs.forward_s[1] for n, s in costs.forward_s.items()}
+    why = explain_result(res, verify_ratios=ratios)
+    if why:
+        print("      why slower than plain decoding (costs measured in this run):")
+        for line in why:
+            print(f"      - {line}")
+    return {"measured": measured, "why_slower": why}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
