@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 import platform
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
 
+_NAME = "draftsmith_stream_linear_v2"  # a new name whenever _SOURCE changes: torch caches builds by name
 MAX_ROWS = 16
 """Rows the kernel takes in one call (larger products are left to BLAS: they are compute-bound)."""
 
@@ -117,10 +119,21 @@ def _cpu_has_avx2_fma() -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     try:
-        flags = open("/proc/cpuinfo").read()
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
     except OSError:
         return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
     return " avx2" in flags and " fma" in flags
+
+
+def _built() -> bool:
+    """A build of this source is already in torch's extension cache (only decides whether to announce a compile)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return any(Path(_get_build_directory(_NAME, verbose=False)).glob("*.so"))
+    except Exception:  # noqa: BLE001 - a private torch helper: if it moves, the compile is just announced
+        return False
 
 
 @lru_cache(maxsize=1)
@@ -130,9 +143,10 @@ def _module():
     try:
         from torch.utils.cpp_extension import load_inline
 
-        log.info("preparing the small-row CPU matmul (compiled once per machine, ~1 min; then cached by torch)")
+        if not _built():
+            log.info("compiling the small-row CPU matmul (once per machine, ~1 min; cached by torch)")
         return load_inline(
-            "draftsmith_stream_linear_v2",
+            _NAME,
             cpp_sources=_SOURCE,
             functions=["stream_linear"],
             extra_cflags=["-O3", "-mavx2", "-mfma"],

@@ -152,18 +152,19 @@ def _events(path: Path) -> list[dict]:
 
 
 def measure(args, cells: list[Cell]) -> dict[float, dict]:
-    """Decode every finished run at each temperature in ONE process: target loaded once, each drafter interleaved
-    with plain decoding prompt by prompt (draftsmith.decode.evaluate.measure)."""
+    """Decode every finished run at each temperature in ONE process: target loaded once, every checkpoint and plain
+    decoding back to back per prompt in a rotated order (draftsmith.decode.evaluate.measure)."""
     import torch
 
     from draftsmith import models
     from draftsmith.app.drafters import build_proposer
     from draftsmith.decode.decoder import SpeculativeDecoder
     from draftsmith.decode.drafters import DrafterContext
+    from draftsmith.decode.evaluate import NamedDrafter
     from draftsmith.decode.evaluate import measure as decode_measure
+    from draftsmith.evalsettings import EvalSettings
     from draftsmith.fileio import write_json
     from draftsmith.prompts import load_prompts, prompt_ids
-    from draftsmith.sampling import SamplingParams
 
     target_spec = _target(args)
     results, todo = {}, []
@@ -182,22 +183,22 @@ def measure(args, cells: list[Cell]) -> dict[float, dict]:
         target=target, tokenizer=tok, device=next(target.parameters()).device, target_spec=target_spec
     )
     spec = TRAINERS[args.trainer].spec
-    proposers = {c.run.name: build_proposer(spec.format(final=c.run.final), ctx) for c in cells}
     decoder = SpeculativeDecoder(target, tok)
     prompts = load_prompts(args.prompts, limit=args.limit)
     encoded = [torch.tensor([prompt_ids(tok, p)]) for p in prompts]
+    drafters = [
+        NamedDrafter(c.run.name, build_proposer(spec.format(final=c.run.final), ctx), args.k) for c in cells
+    ]
     for t in todo:
-        params = SamplingParams(temperature=t)
-        rows = {}
-        for name, prop in proposers.items():
-            print(f"measuring {name} at T={t:g} ({len(prompts)} prompts)", flush=True)
-            res = decode_measure(decoder, prop, prompts, encoded, k=args.k, params=params,
-                                 max_new_tokens=args.max_new_tokens, progress=False)  # fmt: skip
-            res.pop("prompts", None)
-            rows[name] = res
+        settings = EvalSettings(k=args.k, temperature=t, max_new_tokens=args.max_new_tokens, limit=args.limit)
+        print(
+            f"measuring {len(drafters)} checkpoints at T={t:g} ({len(prompts)} prompts, one run)", flush=True
+        )
+        res = decode_measure(decoder, drafters, prompts, encoded, settings, progress=False)
+        rows = {name: {k: v for k, v in r.items() if k != "prompts"} for name, r in res["drafters"].items()}
         results[t] = {"temperature": t, "k": args.k, "target": target_spec, "prompts": args.prompts,
                       "n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "dtype": str(target.dtype),
-                      "date": time.strftime("%Y-%m-%d"), "drafters": rows}  # fmt: skip
+                      "date": time.strftime("%Y-%m-%d"), "plain": res["plain"], "drafters": rows}  # fmt: skip
         write_json(args.out / args.trainer / f"measured-t{t:g}.json", results[t])
     return results
 
