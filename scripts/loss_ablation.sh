@@ -16,7 +16,8 @@ case "$TRAINER" in
     data="$OUT/data/quickstart"
     "$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit 400 \
       --max-new-tokens 80 --max-prompt-tokens 160 --skip-long --out "$data"
-    sets=(--set "data.source=[$data,builtin:train-text]") ;;
+    # the target scores the data once for every loss and seed (the recipe keeps its top-64 logits per token)
+    sets=(--set "data.source=[$data,builtin:train-text]" --set "data.target_topk_file=$OUT/data/quickstart-top64.safetensors") ;;
   eagle3)
     data="$OUT/data/heads"
     "$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit 1275 \
