@@ -137,7 +137,7 @@ class LightningEngine:
         """draftsmith.trainer.run under Lightning (same arguments, same result, same run folder)."""
         from accelerate.utils import set_seed
 
-        from draftsmith.lightning_loop import LoopModule, RunHooks
+        from draftsmith.lightning_loop import LoopModule, RunHooks, checkpoint_rng
 
         if args.grad_accum != self.args.grad_accum:
             raise DraftsmithError(
@@ -148,7 +148,7 @@ class LightningEngine:
         set_seed(args.seed)
         optimizer = make_optimizer(model, param_groups, args)
         module = LoopModule(model, loss_fn, optimizer, make_scheduler(optimizer, args), args, before_step)
-        ckpt, start = None, Position()
+        ckpt, start, rng = None, Position(), None
         if resume:
             found = newest_checkpoint(out, "lightning")
             if found is None:
@@ -156,10 +156,11 @@ class LightningEngine:
             else:
                 ckpt, state = found
                 start = Position(int(state["step"]), int(state["epoch"]), int(state["batch_index"]))
+                rng = checkpoint_rng(ckpt, self.num_processes, self.process_index)
         stream = BatchStream(
             batches, self.num_processes, self.process_index, length=args.max_steps * args.grad_accum
         )
-        hooks = RunHooks(self, out, args, eval_fn, stream, start)
+        hooks = RunHooks(self, out, args, eval_fn, stream, start, rng)
         self.wait_for_everyone()  # every process has checked the folder before the main one locks it
         lock = claim_out_dir(out, run_config, resume, overwrite) if self.is_main_process else None
         try:

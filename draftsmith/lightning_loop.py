@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.rundir import Position, begin_checkpoint, finish_checkpoint
+from draftsmith.rundir import Position, begin_checkpoint, finish_checkpoint, read_checkpoint_state
 from draftsmith.statefile import dumps_state, load_state, loads_state, rng_state, save_state, set_rng_state
 from draftsmith.trainstep import BatchStream, MetricWindow, checked_loss, evaluate_model, log_event, to_device
 
@@ -72,14 +72,12 @@ class RunHooks(pl.Callback):
     step: log (metrics.jsonl, Lightning's loggers, the progress bar), evaluate, checkpoint. Also the RNG states and
     the data position in and out of checkpoints, and the check that a resume got them back."""
 
-    def __init__(
-        self, engine: LightningEngine, out: Path, args, eval_fn, stream: BatchStream, start: Position
-    ):
+    def __init__(self, engine: LightningEngine, out: Path, args, eval_fn, stream: BatchStream, start: Position,
+                 rng: dict | None):  # fmt: skip
         self.engine, self.out, self.args, self.eval_fn, self.stream = engine, out, args, eval_fn, stream
-        self.start, self.last_step = start, start.step
+        self.start, self.last_step, self.rng_to_restore = start, start.step, rng
         self.last_log: dict = {}
         self.last_eval: dict = {}
-        self.rng_to_restore: dict | None = None
 
     def evaluate(self, model: torch.nn.Module, step: int) -> None:
         if self.eval_fn is None:
@@ -137,15 +135,26 @@ class RunHooks(pl.Callback):
             "rng": gather_blobs(blob, self.engine.num_processes),
         }
 
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        states = checkpoint.get("draftsmith", {}).get("rng") or []
-        if len(states) != self.engine.num_processes:
+
+def checkpoint_rng(ckpt: Path, world: int, rank: int) -> dict:
+    """This process's RNG state in a step folder, checked with the folder's step and the process count before the
+    run claims its folder or Lightning loads anything (only the draftsmith part of the file is read)."""
+    step = read_checkpoint_state(ckpt)["step"]
+    try:
+        ours, meta = load_state(ckpt / CHECKPOINT_FILE, part="draftsmith")
+        if meta.get("step") != str(step) or ours.get("step") != step:
             raise DraftsmithError(
-                f"the checkpoint holds the RNG states of {len(states)} processes, this run has "
-                f"{self.engine.num_processes}; resume with as many processes as the run started with"
+                f"{ckpt / CHECKPOINT_FILE} holds step {meta.get('step')}, its folder step {step}"
             )
-        blob = bytes(states[self.engine.process_index].numpy())
-        self.rng_to_restore = loads_state(blob, "checkpoint's RNG state")[0]
+    except DraftsmithError as e:
+        raise DraftsmithError(f"{e}; delete checkpoint {ckpt} to resume from the previous one") from None
+    states = ours.get("rng") or []
+    if len(states) != world:
+        raise DraftsmithError(
+            f"checkpoint {ckpt} holds the RNG states of {len(states)} processes, this run has {world}; resume "
+            "with as many processes as the run started with"
+        )
+    return loads_state(bytes(states[rank].numpy()), f"RNG state of process {rank} in {ckpt}")[0]
 
 
 def gather_blobs(blob: torch.Tensor, world: int) -> list[torch.Tensor]:
@@ -180,9 +189,15 @@ class RunFolderIO(CheckpointIO):
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
         try:
-            return load_state(Path(path) / CHECKPOINT_FILE)[0]
+            tree, meta = load_state(Path(path) / CHECKPOINT_FILE)
+            step = read_checkpoint_state(Path(path))["step"]
+            if meta.get("step") != str(step) or tree.get("draftsmith", {}).get("step") != step:
+                raise DraftsmithError(
+                    f"{Path(path) / CHECKPOINT_FILE} holds step {meta.get('step')}, not {step}"
+                )
         except DraftsmithError as e:
             raise DraftsmithError(f"{e}; delete checkpoint {path} to resume from the previous one") from None
+        return tree
 
     def remove_checkpoint(self, path) -> None:
         shutil.rmtree(path, ignore_errors=True)

@@ -17,6 +17,7 @@ JSON keeps str, int, float (NaN/inf included), bool and None; the tags below kee
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,23 @@ def save_state(path: str | Path, tree: Any, meta: dict[str, str] | None = None) 
     save_file(tensors.by_key, str(path), metadata=header)
 
 
-def load_state(path: str | Path, device: str | torch.device = "cpu") -> tuple[Any, dict[str, str]]:
-    """(tree, meta) from a file written by save_state; a missing, truncated or foreign file is a DraftsmithError."""
+def _refs(obj: Any) -> Iterator[str]:
+    if isinstance(obj, dict):
+        if obj.keys() in ({"$t"}, {"$np"}):
+            yield next(iter(obj.values()))
+        else:
+            for v in obj.values():
+                yield from _refs(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _refs(v)
+
+
+def load_state(
+    path: str | Path, device: str | torch.device = "cpu", part: str | None = None
+) -> tuple[Any, dict[str, str]]:
+    """(tree, meta) from a file written by save_state; a missing, truncated or foreign file is a DraftsmithError.
+    `part`: only tree[part] (a top-level key), reading only its tensors (a check before the whole load)."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -110,8 +126,11 @@ def load_state(path: str | Path, device: str | torch.device = "cpu") -> tuple[An
             meta = dict(f.metadata() or {})
             if meta.get("format") != FORMAT:
                 raise ValueError(f"not a {FORMAT} file")
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-        tree = _decode(json.loads(meta.pop("tree")), tensors)
+            skeleton = json.loads(meta.pop("tree"))
+            if part is not None:
+                skeleton = skeleton[part]
+            tensors = {k: f.get_tensor(k) for k in (f.keys() if part is None else set(_refs(skeleton)))}
+        tree = _decode(skeleton, tensors)
     except Exception as e:  # noqa: BLE001 - safetensors, json and KeyError all mean the same thing here
         detail = str(e).splitlines()[0][:100] if str(e) else type(e).__name__
         raise DraftsmithError(f"{path} is corrupt or not a draftsmith state file ({detail})") from None
