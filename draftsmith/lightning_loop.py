@@ -63,7 +63,7 @@ class LoopModule(pl.LightningModule):
         # the norm Lightning's clipping is about to take (accelerate's clip_grad_norm_ returns it)
         if self.train_args.max_grad_norm > 0:
             grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads)
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
             self.window.add("grad_norm", self.train_args.grad_accum * float(norm))
 
 

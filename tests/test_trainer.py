@@ -222,24 +222,27 @@ def test_foreign_optimizer_state_is_one_error_without_warnings(tmp_path):
     assert not [str(w.message) for w in caught if "pickle" in str(w.message).lower()]
 
 
-def test_out_dir_guards_and_corrupt_checkpoint(tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_out_dir_guards_and_corrupt_checkpoint(engine, tmp_path):
     out = tmp_path / "run"
-    _run(out, [], max_steps=2, cfg={"a": 1})
+    _run(out, [], max_steps=2, cfg={"a": 1}, engine=engine)
     with pytest.raises(DraftsmithError, match="another run"):
-        _run(out, [], max_steps=2, cfg={"a": 2})
+        _run(out, [], max_steps=2, cfg={"a": 2}, engine=engine)
     with pytest.raises(DraftsmithError, match="--resume"):
-        _run(out, [], max_steps=2, cfg={"a": 1})
+        _run(out, [], max_steps=2, cfg={"a": 1}, engine=engine)
     with pytest.raises(DraftsmithError, match="no run to resume"):
-        _run(tmp_path / "fresh", [], resume=True)
+        _run(tmp_path / "fresh", [], resume=True, engine=engine)
     # a half-written checkpoint (tmp name) is ignored; a renamed one without its state file is named as corrupt
     ckpt = list_checkpoints(out)[-1]
     shutil.copytree(ckpt, out / "checkpoints" / ".tmp-step-0000009")
     (ckpt / "trainer_state.json").write_text("{not json")
     with pytest.raises(DraftsmithError, match="step-0000002 is corrupt"):
-        _run(out, [], max_steps=4, resume=True, cfg={"a": 1})
-    # overwrite wipes the old run
-    _, res, _ = _run(out, [], max_steps=2, overwrite=True, cfg={"a": 3})
+        _run(out, [], max_steps=4, resume=True, cfg={"a": 1}, engine=engine)
+    # overwrite wipes the old run (Lightning's CSV logs included)
+    _, res, _ = _run(out, [], max_steps=2, overwrite=True, cfg={"a": 3}, engine=engine)
     assert res["step"] == 2 and len(list_checkpoints(out)) == 1
+    logs = sorted(p.name for p in (out / "lightning_logs").glob("*"))
+    assert logs == (["version_0"] if engine == "lightning" else [])
 
 
 def test_train_args_validation_and_empty_data(tmp_path):
