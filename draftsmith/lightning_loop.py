@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import replace_dir
 from draftsmith.rundir import Position, begin_checkpoint, finish_checkpoint, read_checkpoint_state
 from draftsmith.statefile import dumps_state, load_state, loads_state, rng_state, save_state, set_rng_state
 from draftsmith.trainstep import BatchStream, MetricWindow, checked_loss, evaluate_model, log_event, to_device
@@ -175,29 +176,39 @@ def gather_blobs(blob: torch.Tensor, world: int) -> list[torch.Tensor]:
 
 class RunFolderIO(CheckpointIO):
     """Lightning's checkpoints as draftsmith step folders: out/checkpoints/step-N/ holding checkpoint.safetensors
-    and trainer_state.json, written under a tmp name then renamed, the oldest beyond `keep` removed."""
+    and trainer_state.json, written under a tmp name then renamed, the oldest beyond `keep` removed. A checkpoint
+    another callback writes elsewhere (a ModelCheckpoint passed in) is a folder holding checkpoint.safetensors at
+    its own path, not one of the run's step checkpoints."""
 
     def __init__(self, out: Path, keep: int):
         self.out, self.keep = out, keep
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path, step = Path(path), checkpoint["global_step"]
+        meta = {"step": str(step)}
+        if path != self.out / "checkpoints" / f"step-{step:07d}":
+            tmp = path.with_name(f".tmp-{path.name}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            save_state(tmp / CHECKPOINT_FILE, checkpoint, meta=meta)
+            replace_dir(tmp, path)
+            return
         ours = checkpoint["draftsmith"]
-        tmp = begin_checkpoint(self.out, ours["step"])
-        save_state(tmp / CHECKPOINT_FILE, checkpoint, meta={"step": str(ours["step"])})
-        state = {"step": ours["step"], "epoch": ours["epoch"], "batch_index": ours["batch_index"]}
-        finish_checkpoint(self.out, tmp, {**state, "engine": "lightning"}, self.keep)
+        tmp = begin_checkpoint(self.out, step)
+        save_state(tmp / CHECKPOINT_FILE, checkpoint, meta=meta)
+        state = {
+            "step": step,
+            "epoch": ours["epoch"],
+            "batch_index": ours["batch_index"],
+            "engine": "lightning",
+        }
+        finish_checkpoint(self.out, tmp, state, self.keep)
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
         try:
-            tree, meta = load_state(Path(path) / CHECKPOINT_FILE)
-            step = read_checkpoint_state(Path(path))["step"]
-            if meta.get("step") != str(step) or tree.get("draftsmith", {}).get("step") != step:
-                raise DraftsmithError(
-                    f"{Path(path) / CHECKPOINT_FILE} holds step {meta.get('step')}, not {step}"
-                )
+            return load_state(Path(path) / CHECKPOINT_FILE)[0]
         except DraftsmithError as e:
             raise DraftsmithError(f"{e}; delete checkpoint {path} to resume from the previous one") from None
-        return tree
 
     def remove_checkpoint(self, path) -> None:
         shutil.rmtree(path, ignore_errors=True)

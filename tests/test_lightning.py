@@ -205,3 +205,24 @@ def test_lightning_engine_refuses_a_different_grad_accum(tmp_path):
     with pytest.raises(DraftsmithError, match="built for train.grad_accum=2"):
         run(engine, None, None, [], TrainArgs(grad_accum=1), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_lightning_callbacks_and_loggers_passed_in(tmp_path):
+    # a Lightning user's own ModelCheckpoint and logger run beside draftsmith's: their checkpoints go where they
+    # say (safetensors folders, not counted among the run's step checkpoints), their logger gets every step
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+    from test_trainer import Toy, batches, loss_fn
+
+    from draftsmith.lightning_engine import LightningEngine
+    from draftsmith.trainer import TrainArgs, list_checkpoints, run
+
+    args = TrainArgs(max_steps=4, save_every=2, log_every=1, lr=0.05)
+    theirs = ModelCheckpoint(dirpath=tmp_path / "theirs", every_n_train_steps=1, save_top_k=-1)
+    engine = LightningEngine(args, callbacks=[theirs], loggers=[CSVLogger(tmp_path / "logs", name="mine")])
+    run(engine, Toy(), loss_fn([]), batches, args, tmp_path / "run", progress=False)
+    assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["step-0000002", "step-0000004"]
+    saved = sorted((tmp_path / "theirs").iterdir())
+    assert len(saved) == 4 and all((p / "checkpoint.safetensors").is_file() for p in saved)
+    rows = (tmp_path / "logs" / "mine" / "version_0" / "metrics.csv").read_text().splitlines()
+    assert "loss" in rows[0].split(",") and len(rows) == 5
