@@ -74,13 +74,13 @@ def target_hub_id(target: dict) -> str | None:
 
     name = str(target.get("name_or_path") or target.get("name") or "")
     if name in EMBEDDED_TARGETS:
-        return EMBEDDED_TARGETS[name][2]
+        return EMBEDDED_TARGETS[name].hub_id
     source = Path(name) / "DRAFTSMITH_SOURCE.txt" if name else None
     if source is not None and source.is_file():
         gguf_name = Path(source.read_text().strip()).name
-        for _pkg, fname, hub_id in EMBEDDED_TARGETS.values():
-            if fname == gguf_name:
-                return hub_id
+        for model in EMBEDDED_TARGETS.values():
+            if model.gguf_file == gguf_name:
+                return model.hub_id
     return None
 
 

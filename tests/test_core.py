@@ -200,3 +200,12 @@ def test_split_heldout_draws_from_the_first_source_only():
     assert split_heldout(exs, 3, seed=1) == (train, held)  # deterministic
     with pytest.raises(DraftsmithError, match="cannot hold out"):
         split_heldout(exs, 7)
+
+
+def test_split_seed_fixes_the_held_out_draw_across_training_seeds():
+    from draftsmith.examples import DataSources
+
+    assert DataSources().held_out_seed(3) == 3  # null: the training seed, as before
+    assert DataSources(split_seed=0).held_out_seed(3) == DataSources(split_seed=0).held_out_seed(4) == 0
+    with pytest.raises(DraftsmithError, match="data.split_seed must be >= 0"):
+        DataSources(split_seed=-1)

@@ -253,14 +253,14 @@ def test_cached_target_topk_equals_online_target_when_k_is_the_vocab(tiny_dirs, 
     draft = DraftLM(tiny_llama(seed=3, num_hidden_layers=1), None)
     online = DataPolicy("target", [e for e in exs], 4, pad_id=2, eos_ids=[2], max_length=64)
     raw = online(0)[0]
-    loss_online, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))(draft, raw)
+    loss_online, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))[0](draft, raw)
     cache_target_topk(tiny_target, exs, vocab, pad_id=2, max_length=64, progress=False)
     batch = online.materialize(raw)
     assert batch["target_topk_values"].shape == (int(batch["loss_mask"].sum()), vocab)
-    loss_cached, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))(draft, raw)
+    loss_cached, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))[0](draft, raw)
     torch.testing.assert_close(loss_cached, loss_online, atol=2e-3, rtol=2e-3)  # fp16 storage of the logits
     cache_target_topk(tiny_target, exs, 8, pad_id=2, max_length=64, progress=False)
-    loss_top8, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))(draft, raw)
+    loss_top8, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))[0](draft, raw)
     assert torch.isfinite(loss_top8) and not torch.allclose(loss_top8, loss_online)
 
 
@@ -339,3 +339,32 @@ def test_topk_scattered_into_draft_vocab_equals_restricting_the_full_logits():
         a = divergence(kind, dense_full, draft, vocab_ids=vocab_ids)
         b = divergence(kind, dense_draft, draft)
         torch.testing.assert_close(a, b)
+
+
+def test_loss_warmup_switches_divergence_at_its_step(gen_dir, tiny_target):
+    from draftsmith.distill.policies import DataPolicy
+    from draftsmith.distill.recipe import DraftLM, LossArgs, make_loss_fn
+    from draftsmith.examples import examples_from_generated
+    from draftsmith.testing import tiny_llama
+
+    exs = examples_from_generated(gen_dir)[:4]
+    draft = DraftLM(tiny_llama(seed=3, num_hidden_layers=1), None)
+    policy = DataPolicy("target", exs, 4, pad_id=2, eos_ids=[2], max_length=64)
+    raw = policy(0)[0]
+    plain = {
+        kind: make_loss_fn(tiny_target, policy, LossArgs(kind=kind))[0](draft, raw)[0]
+        for kind in ("fkl", "tvd")
+    }
+    assert not torch.allclose(plain["fkl"], plain["tvd"])
+    loss_fn, before_step = make_loss_fn(
+        tiny_target, policy, LossArgs(kind="tvd", warmup_kind="fkl", warmup_steps=2)
+    )
+    for step, kind in (
+        (0, "fkl"),
+        (1, "fkl"),
+        (2, "tvd"),
+        (7, "tvd"),
+        (1, "fkl"),
+    ):  # a resume may restart at 1
+        before_step(step)
+        torch.testing.assert_close(loss_fn(draft, raw)[0], plain[kind])

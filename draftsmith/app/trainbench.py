@@ -130,7 +130,7 @@ def bench_distill(target, a: TrainBenchArgs, accelerator, out_dir: Path) -> dict
     )
     res = _timed(
         DraftLM(draft, None),
-        make_loss_fn(target, policy, LossArgs(kind="fkl")),
+        make_loss_fn(target, policy, LossArgs(kind="fkl"))[0],
         policy,
         a,
         accelerator,
