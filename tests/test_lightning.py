@@ -36,8 +36,11 @@ gen_dir = test_engines.gen_dir  # the fixture: 16 generated examples, 8 batches 
 
 def recipe_args(trainer: str, tiny_dirs, gen_dir, out: Path, steps: int) -> tuple[str, list[str]]:
     """(script, argv) of a tiny run of `trainer` (test_engines' recipes) with `steps` optimizer steps."""
-    if trainer == "distill":
-        return "distill", distill_args(tiny_dirs, gen_dir, out, steps)
+    if trainer == "distill":  # TVD for the first 2 steps, then FKL: the loss the trainer's before_step picks
+        return "distill", distill_args(tiny_dirs, gen_dir, out, steps) + [
+            "loss.warmup_kind=tvd",
+            "loss.warmup_steps=2",
+        ]
     return "heads", heads_args(tiny_dirs, gen_dir, out, trainer) + [f"train.max_steps={steps}"]
 
 
