@@ -17,7 +17,9 @@ if ! python -c "import torch" 2>/dev/null; then
   fi
 fi
 log=$(mktemp)
-pip install -q -e ".[dev]" >"$log" 2>&1 || { cat "$log"; exit 1; }
+# dev (tests, lint) and lightning (the Lightning engine, whose tests CI runs); torch is already there, so
+# neither pulls another build of it
+pip install -q -e ".[dev,lightning]" >"$log" 2>&1 || { cat "$log"; exit 1; }
 # The `deepspeed` extra (its ZeRO-2/3 engine tests run on 2 CPU processes): DeepSpeed ships only an sdist whose
 # build imports torch, so it is built against the torch installed above (no isolated build env, which would pull
 # an unpinned, multi-GB torch). SKIP_DEEPSPEED=1 leaves it out (those tests then skip).

@@ -1,7 +1,8 @@
-"""Train a Medusa / EAGLE-1 / EAGLE-3 head on a frozen target (Medusa-2: LoRA target): accelerate entry, thin.
+"""Train a Medusa / EAGLE-1 / EAGLE-3 head on a frozen target (Medusa-2: LoRA target): entry script, thin.
 
     accelerate launch train/heads.py --config recipes/heads-smollm2-135m-eagle3.yaml [key.sub=value ...] [--resume]
     accelerate launch --config_file recipes/accelerate/ddp.yaml train/heads.py --config recipes/heads-llama3.1-8b-eagle3.yaml
+    python train/heads.py --config recipes/heads-smollm2-135m-eagle3.yaml --engine lightning [--devices 2]
 
 Plain `python train/heads.py ...` also works (one process). The head kind is a recipe field (head.kind); the
 library is draftsmith.heads.recipe. Output: run.yaml, metrics.jsonl, checkpoints/step-*/, final/ (config.json +
