@@ -5,9 +5,9 @@ heads = MedusaHeads.from_target(target, num_heads=4)
 save_head(heads, "out/final"); heads = load_head("out/final", target)
 """
 
-from draftsmith.heads.eagle import EagleConfig, EagleHead, default_aux_layers
+from draftsmith.heads.eagle.model import EagleConfig, EagleHead, default_aux_layers
 from draftsmith.heads.io import load_head, read_accuracy, save_head
-from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
+from draftsmith.heads.medusa.model import MedusaConfig, MedusaHeads
 
 __all__ = [
     "EagleConfig",

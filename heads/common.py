@@ -19,24 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from draftsmith.acceptance import tau_from_conditional
 from draftsmith.checkpoint import read_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import replace_dir
-from draftsmith.modeling import base_decoder
+from draftsmith.modeling import base_decoder, embedding_fingerprint, fingerprints_match
 
 log = logging.getLogger(__name__)
 
 HEAD_TYPES = ("medusa", "eagle", "eagle3", "earlyexit", "dflash", "peagle")
-
-
-def embedding_fingerprint(emb: torch.Tensor) -> list[float]:
-    """Cheap statistics of input embeddings [V, H]: tell two same-shape targets apart (seed, finetune)."""
-    rows = emb.detach()[: min(16, emb.shape[0])].float()
-    return [round(float(rows.mean()), 6), round(float(rows.norm()), 4), round(float(rows[:, 0].sum()), 5)]
-
-
-def fingerprints_match(recorded: list[float], have: list[float]) -> bool:
-    return all(abs(a - b) <= 2e-2 * max(1.0, abs(a)) for a, b in zip(recorded, have))
 
 
 def target_fingerprint(model) -> list[float]:
@@ -240,3 +231,37 @@ def weighted_means(
                 sums[key] = sums.get(key, 0.0) + v * w
                 weights[key] = weights.get(key, 0.0) + w
     return {key: sums[key] / weights[key] for key in sums if weights[key]}
+
+
+def shift_left(x: torch.Tensor, s: int) -> torch.Tensor:
+    """x [B, T, ...] -> y with y[:, t] = x[:, t+s] (zeros past the end)."""
+    if s == 0:
+        return x
+    return torch.cat([x[:, s:], x.new_zeros(x[:, :s].shape)], 1)
+
+
+class DepthAcceptance:
+    """Greedy acceptance per unroll depth i, conditional on depths < i accepted, at every column t (a draft chain
+    rooted at t uses steps 0..i at the same column): acc_i, top1_i (unconditional) and the simulated tau."""
+
+    def __init__(self, shape: tuple[int, int], device):
+        self.alive = torch.ones(shape, dtype=torch.bool, device=device)
+        self.accepts: list[float] = []
+        self.metrics: dict[str, float] = {}
+
+    @torch.no_grad()
+    def update(self, i: int, valid: torch.Tensor, draft_top: torch.Tensor, target_top: torch.Tensor) -> None:
+        ok = torch.zeros_like(self.alive)
+        ok[valid] = draft_top == target_top
+        prev = self.alive & valid
+        self.metrics[f"acc_{i}"] = float((ok & prev).sum()) / max(int(prev.sum()), 1)
+        self.metrics[f"top1_{i}"] = float(ok.sum()) / max(int(valid.sum()), 1)
+        self.accepts.append(self.metrics[f"acc_{i}"])
+        self.alive &= ok
+
+    def result(self, attention_mask: torch.Tensor) -> dict[str, float]:
+        return {
+            **self.metrics,
+            "tau_sim": tau_from_conditional(self.accepts),
+            "n_tokens": float(attention_mask.sum()),
+        }

@@ -16,8 +16,8 @@ from draftsmith.heads.common import (
     read_head_dir,
     write_head_dir,
 )
-from draftsmith.heads.eagle import EagleHead, eagle_config_from_dict
-from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
+from draftsmith.heads.eagle.model import EagleHead, eagle_config_from_dict
+from draftsmith.heads.medusa.model import MedusaConfig, MedusaHeads
 
 Head = MedusaHeads | EagleHead
 ACCURACY_FILE = (
@@ -49,17 +49,17 @@ def load_head(
         if kind == "medusa":
             head = MedusaHeads(config_from_dict(MedusaConfig, config, "medusa config"), config.get("target"))
         elif kind == "earlyexit":
-            from draftsmith.heads.earlyexit import EarlyExitAdapter, EarlyExitConfig
+            from draftsmith.heads.selfspec.earlyexit import EarlyExitAdapter, EarlyExitConfig
 
             head = EarlyExitAdapter(
                 config_from_dict(EarlyExitConfig, config, "earlyexit config"), config.get("target")
             )
         elif kind == "dflash":
-            from draftsmith.heads.dflash import DFlashDrafter, dflash_config_from_dict
+            from draftsmith.heads.block.dflash import DFlashDrafter, dflash_config_from_dict
 
             head = DFlashDrafter(dflash_config_from_dict(config), config.get("target"))
         elif kind == "peagle":
-            from draftsmith.heads.peagle import peagle_from_config_dict
+            from draftsmith.heads.block.peagle import peagle_from_config_dict
 
             head = peagle_from_config_dict(config)
         else:

@@ -21,11 +21,11 @@ from draftsmith.engines import plain_model_init
 from draftsmith.errors import DraftsmithError
 from draftsmith.examples import DataSources
 from draftsmith.heads.data import data_fingerprint, epoch_batches, load_examples, split_examples
-from draftsmith.heads.eagle import EagleHead, default_aux_layers
+from draftsmith.heads.eagle.losses import EagleLoss
+from draftsmith.heads.eagle.model import EagleHead, default_aux_layers
 from draftsmith.heads.hidden import CacheSpec, HiddenStateCache, HiddenStates, build_cache, bytes_per_token
 from draftsmith.heads.io import ACCURACY_FILE, LORA_DIR, save_head
-from draftsmith.heads.losses import EagleLoss
-from draftsmith.heads.medusa import MedusaHeads
+from draftsmith.heads.medusa.model import MedusaHeads
 from draftsmith.heads.training import HeadTrainer, evaluate_heads
 from draftsmith.rundir import check_out_dir
 from draftsmith.trainer import TrainArgs
@@ -170,13 +170,15 @@ def build_head(cfg: HeadsConfig, target, train_examples: list[dict]) -> torch.nn
     counts = token_counts((e["input_ids"] for e in train_examples), v)
     special = set(special_token_ids(None, target))
     if h.kind in ("dflash", "peagle"):
-        from draftsmith.heads.block_recipe import build_block_head
+        from draftsmith.heads.block.training import build_block_head
 
         size = min(h.draft_vocab_size, v) or v  # dflash 0: the target's frozen full head
-        return build_block_head(h, target, counts, build_vocab_ids(counts, size, always=sorted(special)), special)
+        return build_block_head(
+            h, target, counts, build_vocab_ids(counts, size, always=sorted(special)), special
+        )
     vocab_ids = build_vocab_ids(counts, min(h.draft_vocab_size, v), always=sorted(special))
     if h.kind == "earlyexit":  # the target's own head rows over the same reduced vocabulary as EAGLE-3's
-        from draftsmith.heads.earlyexit import EarlyExitAdapter
+        from draftsmith.heads.selfspec.earlyexit import EarlyExitAdapter
 
         return EarlyExitAdapter.from_target(target, h.exit_layer, vocab_ids, h.intermediate_size)
     n = target.config.num_hidden_layers

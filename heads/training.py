@@ -13,10 +13,10 @@ from torch import nn
 
 from draftsmith.acceptance import tau_from_conditional, tau_tree
 from draftsmith.heads.common import weighted_means
+from draftsmith.heads.eagle.losses import EAGLE_LOSSES
 from draftsmith.heads.hidden import HiddenStates
-from draftsmith.heads.losses import EAGLE_LOSSES
-from draftsmith.heads.medusa import MedusaHeads
-from draftsmith.heads.trees import chain_tree, medusa_tree
+from draftsmith.heads.medusa.model import MedusaHeads
+from draftsmith.heads.medusa.trees import chain_tree, medusa_tree
 from draftsmith.modeling import base_decoder, output_head
 
 RANKS = 10  # Medusa rank accuracies measured per head (the static tree picks from these)
@@ -103,13 +103,13 @@ def _eagle_loss(tr: HeadTrainer, batch: dict) -> tuple[torch.Tensor, dict[str, f
 
 
 def _block_loss(tr: HeadTrainer, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-    from draftsmith.heads.block_recipe import block_step
+    from draftsmith.heads.block.training import block_step
 
     return block_step(tr.head, tr.frozen_target, tr.hidden(batch), batch, tr.loss_cfg, exact=False)
 
 
 def _earlyexit_loss(tr: HeadTrainer, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-    from draftsmith.heads.earlyexit import earlyexit_loss
+    from draftsmith.heads.selfspec.earlyexit import earlyexit_loss
 
     c = tr.loss_cfg
     return earlyexit_loss(
@@ -181,7 +181,7 @@ def evaluate_heads(
     if getattr(head, "head_type", None) == "earlyexit":
         return _evaluate_earlyexit(trainer, batches, hidden, eval_depth)
     if getattr(head, "head_type", None) in ("dflash", "peagle"):
-        from draftsmith.heads.block_recipe import evaluate_block
+        from draftsmith.heads.block.training import evaluate_block
 
         return evaluate_block(head, t, batches, hidden, c)
     avg = weighted_means(
@@ -203,7 +203,7 @@ def _evaluate_earlyexit(
 ) -> dict:
     """Early exit: held-out greedy acceptance per chain depth against the target's argmax over the FULL
     vocabulary (teacher-forced along the held-out text) and simulated tau = 1 + sum_i prod_{j<=i} a_i."""
-    from draftsmith.heads.earlyexit import earlyexit_loss
+    from draftsmith.heads.selfspec.earlyexit import earlyexit_loss
 
     head, c = trainer.head, trainer.loss_cfg
     dev = next(head.parameters()).device

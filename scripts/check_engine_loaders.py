@@ -32,9 +32,10 @@ def export(root: Path) -> None:
 
     from draftsmith.app.export import export as ds_export
     from draftsmith.heads import save_head
-    from draftsmith.heads.dflash import DFlashDrafter, rope
-    from draftsmith.heads.eagle import EagleHead
-    from draftsmith.heads.peagle import PEagleHead
+    from draftsmith.heads.block.dflash import DFlashDrafter
+    from draftsmith.heads.block.peagle import PEagleHead
+    from draftsmith.heads.eagle.model import EagleHead
+    from draftsmith.heads.layers import rope_cos_sin as rope
     from draftsmith.testing import save_tiny
 
     save_tiny(root / "target", seed=0, num_hidden_layers=4)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from draftsmith.decode.decoder import SpeculativeDecoder
-from draftsmith.heads.block_losses import (
+from draftsmith.heads.block.dflash import DFlashDrafter
+from draftsmith.heads.block.losses import (
     cod_columns,
     dflash_forward,
     dflash_loss,
@@ -12,11 +13,10 @@ from draftsmith.heads.block_losses import (
     peagle_loss,
     sample_anchors,
 )
-from draftsmith.heads.block_proposers import DFlashProposer, PEagleProposer, best_first_tree
-from draftsmith.heads.dflash import DFlashDrafter
-from draftsmith.heads.eagle import EagleHead
+from draftsmith.heads.block.peagle import PEagleHead
+from draftsmith.heads.block.proposers import DFlashProposer, PEagleProposer, best_first_tree
+from draftsmith.heads.eagle.model import EagleHead
 from draftsmith.heads.hidden import target_features
-from draftsmith.heads.peagle import PEagleHead
 from draftsmith.sampling import SamplingParams
 
 AUX = [0, 1, 2]
@@ -101,8 +101,12 @@ def test_peagle_training_scores_what_the_proposer_proposes(tiny_target):
         out, bounds = peagle_forward(p, emb, feats["aux"], ids, am, cols)
     hs = _states(tiny_target, ids)
     for t in (5, 11):
-        want = torch.stack([p.logits(out[0, sl][(cols[d - 1] == t).nonzero()[0, 0]] if d else out[0, t])
-                            for d, sl in enumerate(bounds)])
+        want = torch.stack(
+            [
+                p.logits(out[0, sl][(cols[d - 1] == t).nonzero()[0, 0]] if d else out[0, t])
+                for d, sl in enumerate(bounds)
+            ]
+        )
         prop = PEagleProposer(p, tiny_target)
         prop.begin(ids[:, : t + 2], tuple(hs[i][:, : t + 1] for i in AUX))
         prop.propose(4, SamplingParams())
@@ -114,8 +118,10 @@ def test_losses_train_and_report_per_position_acceptance(tiny_target):
 
     torch.manual_seed(0)
     d, p = _dflash(tiny_target, layers=1), _peagle(tiny_target)
-    ex = [{"index": i, "input_ids": torch.randint(3, 300, (n,)).tolist(), "loss_mask": [0] * 4 + [1] * (n - 4)}
-          for i, n in enumerate((24, 17))]
+    ex = [
+        {"index": i, "input_ids": torch.randint(3, 300, (n,)).tolist(), "loss_mask": [0] * 4 + [1] * (n - 4)}
+        for i, n in enumerate((24, 17))
+    ]
     for e in ex:
         e["response_mask"] = e["loss_mask"]
     batch = collate(ex)
@@ -155,7 +161,9 @@ def test_best_first_tree_is_closed_under_ancestors_and_ranked():
     nodes, parents = best_first_tree(logp, 2, 6)
     assert len(nodes) == 6 and parents[0] == -1
     assert all(p < i for i, p in enumerate(parents))
-    assert nodes[0] == (0, 0) and all(nodes[i][0] == (nodes[p][0] + 1 if p >= 0 else 0) for i, p in enumerate(parents))
+    assert nodes[0] == (0, 0) and all(
+        nodes[i][0] == (nodes[p][0] + 1 if p >= 0 else 0) for i, p in enumerate(parents)
+    )
 
 
 @pytest.mark.slow
@@ -203,7 +211,10 @@ def generated(tmp_path_factory, tiny_dirs):
     from draftsmith.selfdistill import generate_dataset
 
     out = tmp_path_factory.mktemp("gen") / "data"
-    prompts = [Prompt([{"role": "user", "content": f"Say {i} things about the sea."}], "chat", str(i)) for i in range(8)]
+    prompts = [
+        Prompt([{"role": "user", "content": f"Say {i} things about the sea."}], "chat", str(i))
+        for i in range(8)
+    ]
     generate_dataset(tiny_dirs["target"], prompts, out, max_new_tokens=20, batch_size=8, progress=False)
     return str(out)
 
@@ -221,10 +232,24 @@ def test_recipe_runs_share_the_eagle3_cache_and_decode_losslessly(tiny_dirs, gen
     from draftsmith.trainer import make_accelerator
 
     cache = tmp_path / "cache"
-    common = [f"model.target={tiny_dirs['target']}", f"data.source={generated}", "data.eval_size=1", "head.draft_vocab_size=128",
-              "head.aux_layers=0,1,2", "train.batch_size=4", "train.max_steps=2", "loss.ttt_steps=2", "eval.depth=3",
-              "data.max_length=160", "data.hidden_states=hybrid", f"data.hidden_cache={cache}", "train.log_every=1",
-              "head.block_size=4", "head.num_depths=3", "loss.anchors=4"]
+    common = [
+        f"model.target={tiny_dirs['target']}",
+        f"data.source={generated}",
+        "data.eval_size=1",
+        "head.draft_vocab_size=128",
+        "head.aux_layers=0,1,2",
+        "train.batch_size=4",
+        "train.max_steps=2",
+        "loss.ttt_steps=2",
+        "eval.depth=3",
+        "data.max_length=160",
+        "data.hidden_states=hybrid",
+        f"data.hidden_cache={cache}",
+        "train.log_every=1",
+        "head.block_size=4",
+        "head.num_depths=3",
+        "loss.anchors=4",
+    ]
     for kind in ("eagle3", "dflash", "peagle"):
         cfg = load_config(HeadsConfig, None, [*common, f"head.kind={kind}", f"output_dir={tmp_path / kind}"])
         s = run_heads(cfg, make_accelerator(cfg.train), progress=False)
@@ -253,16 +278,47 @@ def test_eval_cli_reports_alpha_per_position_for_block_drafters(tiny_dirs, tmp_p
     save_head(_dflash(target), tmp_path / "d")
     save_head(_peagle(target), tmp_path / "p")
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": f"say {w}", "category": w}) for w in ("hi", "sea")) + "\n")
+    prompts.write_text(
+        "\n".join(json.dumps({"prompt": f"say {w}", "category": w}) for w in ("hi", "sea")) + "\n"
+    )
     for spec in (f"dflash:{tmp_path / 'd'}", f"peagle:{tmp_path / 'p'},top_k=2,total_tokens=6"):
         out = tmp_path / spec.split(":")[0]
-        args = ["eval", "--target", tiny_dirs["target"], "--drafter", spec, "--prompts", str(prompts),
-                "--max-new-tokens", "16", "--k", "3", "--out", str(out), "--no-progress", "--device", "cpu"]
+        args = [
+            "eval",
+            "--target",
+            tiny_dirs["target"],
+            "--drafter",
+            spec,
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "16",
+            "--k",
+            "3",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
         assert main(args) == 0
         res = json.loads((out / "eval.json").read_text())
         assert res["lossless"] is True and len(res["alpha_per_position"]) == 3
         assert set(res["per_category"]) == {"hi", "sea"} and (out / "eval.png").is_file()
     capsys.readouterr()
-    assert main(["eval", "--target", tiny_dirs["target"], "--drafter", f"dflash:{tmp_path / 'd'},depth=2",
-                 "--prompts", str(prompts), "--no-progress"]) == 2  # one-line refusal of an unknown option
+    assert (
+        main(
+            [
+                "eval",
+                "--target",
+                tiny_dirs["target"],
+                "--drafter",
+                f"dflash:{tmp_path / 'd'},depth=2",
+                "--prompts",
+                str(prompts),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )  # one-line refusal of an unknown option
     assert "depth" in capsys.readouterr().err

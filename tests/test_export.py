@@ -43,7 +43,7 @@ def _randomize(module, seed):
 
 
 def _eagle3_head(target, out, norm_before_residual=False, full_vocab=False):
-    from draftsmith.heads.eagle import EagleHead
+    from draftsmith.heads.eagle.model import EagleHead
     from draftsmith.heads.io import save_head
 
     vocab_ids = torch.sort(
@@ -61,7 +61,7 @@ def _eagle3_head(target, out, norm_before_residual=False, full_vocab=False):
 
 def _medusa_head(target, out, num_layers=2):
     from draftsmith.heads.io import save_head
-    from draftsmith.heads.medusa import MedusaHeads
+    from draftsmith.heads.medusa.model import MedusaHeads
 
     heads = MedusaHeads.from_target(target, num_heads=3, num_layers=num_layers)
     _randomize(heads, 7)

@@ -11,10 +11,10 @@ from draftsmith.app.export import export
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads import load_head, save_head
-from draftsmith.heads.block_proposers import DFlashProposer, PEagleProposer
-from draftsmith.heads.dflash import DFlashDrafter
-from draftsmith.heads.eagle import EagleHead
-from draftsmith.heads.peagle import PEagleHead
+from draftsmith.heads.block.dflash import DFlashDrafter
+from draftsmith.heads.block.peagle import PEagleHead
+from draftsmith.heads.block.proposers import DFlashProposer, PEagleProposer
+from draftsmith.heads.eagle.model import EagleHead
 
 AUX = [1]  # hidden_states index 1 = input of layer 1 of the 2-layer tiny target (engines capture [1, N-1])
 

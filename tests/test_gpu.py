@@ -79,7 +79,7 @@ def _eagle3(root, target):
 
 def _dflash(root, target):
     from draftsmith.heads import save_head
-    from draftsmith.heads.dflash import DFlashDrafter
+    from draftsmith.heads.block.dflash import DFlashDrafter
 
     torch.manual_seed(0)
     d = DFlashDrafter.from_target(
@@ -96,7 +96,7 @@ def _dflash(root, target):
 
 def _peagle(root, target):
     from draftsmith.heads import EagleHead, save_head
-    from draftsmith.heads.peagle import PEagleHead
+    from draftsmith.heads.block.peagle import PEagleHead
 
     torch.manual_seed(0)
     e3 = EagleHead.from_target(
@@ -107,7 +107,7 @@ def _peagle(root, target):
 
 
 def _layerskip(root, target):
-    from draftsmith.heads.selfdraft import save_layerskip
+    from draftsmith.heads.selfspec.folders import save_layerskip
 
     save_layerskip(root / "layerskip", target, skip=[1], vocab_ids=None, search={})
     return f"layerskip:{root / 'layerskip'},depth=3"
@@ -115,7 +115,7 @@ def _layerskip(root, target):
 
 def _earlyexit(root, target):
     from draftsmith.heads import save_head
-    from draftsmith.heads.earlyexit import EarlyExitAdapter
+    from draftsmith.heads.selfspec.earlyexit import EarlyExitAdapter
 
     torch.manual_seed(0)
     ad = EarlyExitAdapter.from_target(target, 1, None)

@@ -9,9 +9,10 @@ from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposer import node_depths, tree_attention_mask
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads import EagleHead, MedusaHeads, save_head
+from draftsmith.heads.eagle.proposer import EagleProposer
 from draftsmith.heads.io import ACCURACY_FILE
-from draftsmith.heads.proposers import EagleProposer, MedusaProposer
-from draftsmith.heads.trees import medusa_tree
+from draftsmith.heads.medusa.proposer import MedusaProposer
+from draftsmith.heads.medusa.trees import medusa_tree
 from draftsmith.sampling import SamplingParams
 
 AUX = [0, 1, 2]

@@ -17,7 +17,7 @@ TOKEN = "hf_SeCrEtToKeN0123456789abcdef"
 def run_dir(tmp_path):
     """A training run: run.yaml, eval/eval.json + report.md, final/ with a Medusa head (+ a pickle to skip)."""
     from draftsmith.heads.io import save_head
-    from draftsmith.heads.medusa import MedusaHeads
+    from draftsmith.heads.medusa.model import MedusaHeads
     from draftsmith.testing import tiny_llama
 
     run = tmp_path / "run"

@@ -9,10 +9,10 @@ import torch
 
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposer import Proposal
-from draftsmith.decode.selfspec import NormHeadTop, SelfSpecProposer, TargetLayers
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.earlyexit import EarlyExitAdapter
-from draftsmith.heads.selfdraft import EarlyExitTop
+from draftsmith.heads.selfspec.drafting import NormHeadTop, SelfSpecProposer, TargetLayers
+from draftsmith.heads.selfspec.earlyexit import EarlyExitAdapter
+from draftsmith.heads.selfspec.folders import EarlyExitTop
 from draftsmith.sampling import SamplingParams
 from draftsmith.testing import tiny_llama
 
@@ -36,11 +36,15 @@ def _proposers(target):
     vocab = torch.arange(0, target.config.vocab_size, 2)
     out = {}
     for reuse in (True, False):
-        out[f"skip-chain-reuse{int(reuse)}"] = SelfSpecProposer(target, [0, 1, 3], NormHeadTop(target), reuse=reuse)
+        out[f"skip-chain-reuse{int(reuse)}"] = SelfSpecProposer(
+            target, [0, 1, 3], NormHeadTop(target), reuse=reuse
+        )
         out[f"exit-chain-reuse{int(reuse)}"] = SelfSpecProposer(
             target, range(2), EarlyExitTop(_adapter(target), target), reuse=reuse
         )
-    out["skip-tree"] = SelfSpecProposer(target, [0, 2], NormHeadTop(target, vocab), top_k=3, depth=3, total_tokens=8)
+    out["skip-tree"] = SelfSpecProposer(
+        target, [0, 2], NormHeadTop(target, vocab), top_k=3, depth=3, total_tokens=8
+    )
     out["exit-tree"] = SelfSpecProposer(
         target, range(1), EarlyExitTop(_adapter(target, 1, vocab), target), top_k=3, depth=4, total_tokens=10
     )
@@ -112,7 +116,10 @@ def test_reuse_gives_bitwise_the_logits_of_a_full_recompute(target4):
         assert all(layer.get_seq_length() == c + block.shape[1] for layer in cache.layers)
 
         t = TargetLayers(target4)
-        steps = [t.run(t.embed(block[:, j : j + 1]), prop.shared, snap, torch.tensor([c + j])) for j in range(block.shape[1])]
+        steps = [
+            t.run(t.embed(block[:, j : j + 1]), prop.shared, snap, torch.tensor([c + j]))
+            for j in range(block.shape[1])
+        ]
         hp = torch.cat(steps, 1)
         h = t.run(hp, range(prop.exact, n), snap, torch.arange(c, c + block.shape[1]))
         want = target4.get_decoder().norm(h) @ dec._head_t
@@ -193,15 +200,21 @@ def test_sampled_self_speculative_decoding_matches_target_distribution():
 
 
 def test_sampling_chain_carries_draft_probabilities(target4):
-    prop = SelfSpecProposer(target4, range(2), EarlyExitTop(_adapter(target4, vocab=torch.arange(0, 384, 3)), target4))
+    prop = SelfSpecProposer(
+        target4, range(2), EarlyExitTop(_adapter(target4, vocab=torch.arange(0, 384, 3)), target4)
+    )
     dec = SpeculativeDecoder(target4, eos_ids=set())
     seen = []
     orig = prop.propose
     prop.propose = lambda *a: seen.append(orig(*a)) or seen[-1]
-    dec.generate(torch.tensor([[5, 9, 33]]), prop, k=3, params=SamplingParams(temperature=0.7), max_new_tokens=8)
+    dec.generate(
+        torch.tensor([[5, 9, 33]]), prop, k=3, params=SamplingParams(temperature=0.7), max_new_tokens=8
+    )
     p = next(x for x in seen if x.num_nodes)
     assert isinstance(p, Proposal) and p.draft_probs is not None
-    assert p.draft_probs.shape[-1] == 384 and torch.allclose(p.draft_probs.sum(-1), torch.ones(1, p.num_nodes))
+    assert p.draft_probs.shape[-1] == 384 and torch.allclose(
+        p.draft_probs.sum(-1), torch.ones(1, p.num_nodes)
+    )
     assert bool((p.draft_probs[..., 1::3] == 0).all())  # nothing outside the draft vocabulary
 
 
@@ -249,22 +262,34 @@ def test_adapter_training_leaves_the_target_unchanged_and_decodes(tiny_dirs, gen
     assert all(torch.equal(a, b) for a, b in zip(target.state_dict().values(), fresh.state_dict().values()))
     assert not any(p.requires_grad for p in target.parameters())
     ev = json.loads((tmp_path / "run" / "final" / "head_accuracy.json").read_text())
-    assert 1 <= len(ev["acceptance_per_depth"]) <= 3 and ev["tau_sim"] >= 1.0  # undefined past a depth none reach
+    assert (
+        1 <= len(ev["acceptance_per_depth"]) <= 3 and ev["tau_sim"] >= 1.0
+    )  # undefined past a depth none reach
     ad = load_head(tmp_path / "run" / "final", fresh)
     assert ad.config.exit_layer == 1 and float(ad.mlp.down_proj.weight.abs().sum()) > 0  # trained away from 0
     assert s["step"] == 3
-    prop = build_proposer(f"earlyexit:{tmp_path / 'run' / 'final'},depth=3", DrafterContext(fresh, None, torch.device("cpu")))
+    prop = build_proposer(
+        f"earlyexit:{tmp_path / 'run' / 'final'},depth=3", DrafterContext(fresh, None, torch.device("cpu"))
+    )
     dec = SpeculativeDecoder(fresh, eos_ids=set())
     ids = torch.tensor([[1, 5, 9, 33, 70, 40]])
-    assert dec.generate(ids, prop, k=3, max_new_tokens=12).tokens == dec.generate(ids, None, max_new_tokens=12).tokens
+    assert (
+        dec.generate(ids, prop, k=3, max_new_tokens=12).tokens
+        == dec.generate(ids, None, max_new_tokens=12).tokens
+    )
     from draftsmith.app.cli import main
 
     stage = tmp_path / "stage"  # the Hub path accepts the folder (tensor names checked against its config)
-    assert main(["push", str(tmp_path / "run" / "final"), "user/ee", "--dry-run", str(stage), "--no-results"]) == 0
+    assert (
+        main(["push", str(tmp_path / "run" / "final"), "user/ee", "--dry-run", str(stage), "--no-results"])
+        == 0
+    )
     assert "early exit" in (stage / "README.md").read_text() and (stage / "model.safetensors").is_file()
     other = load_model(save_tiny(tmp_path / "other", seed=7), device="cpu")
     with pytest.raises(DraftsmithError, match="weights differ"):
-        build_proposer(f"earlyexit:{tmp_path / 'run' / 'final'}", DrafterContext(other, None, torch.device("cpu")))
+        build_proposer(
+            f"earlyexit:{tmp_path / 'run' / 'final'}", DrafterContext(other, None, torch.device("cpu"))
+        )
 
 
 def test_layerskip_search_writes_a_folder_eval_accepts_and_others_refuse(tiny_dirs, tmp_path, capsys):
@@ -275,7 +300,9 @@ def test_layerskip_search_writes_a_folder_eval_accepts_and_others_refuse(tiny_di
     from draftsmith.testing import save_tiny
 
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": f"say {w} and more"}) for w in ("hi", "sea", "sky")) + "\n")
+    prompts.write_text(
+        "\n".join(json.dumps({"prompt": f"say {w} and more"}) for w in ("hi", "sea", "sky")) + "\n"
+    )
     out = tmp_path / "ls"
     argv = ["layerskip", "--target", tiny_dirs["target"], "--prompts", str(prompts), "--limit", "2",
             "--max-new-tokens", "8", "--draft-vocab", "0", "--max-k", "3", "--finalists", "1", "--out", str(out)]  # fmt: skip

@@ -32,7 +32,7 @@ COMMANDS = {
     "export": ("draftsmith.app.export", "export a checkpoint for transformers, vLLM or SGLang"),
     "push": ("draftsmith.app.push", "publish a checkpoint with a model card to the Hugging Face Hub"),
     "layerskip": (
-        "draftsmith.app.selfspec",
+        "draftsmith.app.layerskip",
         "pick the layers a target skips to draft for itself (measured here); write a layerskip: drafter",
     ),
 }

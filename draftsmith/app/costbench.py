@@ -99,9 +99,9 @@ def _ngram(target, a: BenchArgs, opts: dict) -> Proposer:
 
 
 def _medusa(target, a: BenchArgs, opts: dict) -> Proposer:
-    from draftsmith.heads.medusa import MedusaHeads
-    from draftsmith.heads.proposers import MedusaProposer
-    from draftsmith.heads.trees import medusa_tree
+    from draftsmith.heads.medusa.model import MedusaHeads
+    from draftsmith.heads.medusa.proposer import MedusaProposer
+    from draftsmith.heads.medusa.trees import medusa_tree
 
     with torch.device(a.device):
         heads = MedusaHeads.from_target(target, num_heads=len(MEDUSA_TOP1), num_layers=1)
@@ -112,14 +112,14 @@ def _medusa(target, a: BenchArgs, opts: dict) -> Proposer:
 
 
 def _eagle3(target, a: BenchArgs, opts: dict) -> Proposer:
-    from draftsmith.heads.proposers import EagleProposer
+    from draftsmith.heads.eagle.proposer import EagleProposer
 
     return EagleProposer(_eagle3_head(target, a), target, **{**EAGLE_DEFAULTS, **opts})
 
 
 def _eagle3_head(target, a: BenchArgs):
     """A random EAGLE-3 head at the target's shape with an `a.eagle_draft_vocab`-token draft vocabulary."""
-    from draftsmith.heads.eagle import EagleHead, default_aux_layers
+    from draftsmith.heads.eagle.model import EagleHead, default_aux_layers
 
     v = target.config.vocab_size
     draft_vocab = torch.arange(min(a.eagle_draft_vocab, v))
@@ -141,8 +141,8 @@ BLOCK_SHAPES = {  # target shape -> (DFlash block size, DFlash layers, draft voc
 
 
 def _dflash(target, a: BenchArgs, opts: dict) -> Proposer:
-    from draftsmith.heads.block_proposers import DFlashProposer
-    from draftsmith.heads.dflash import DFlashDrafter
+    from draftsmith.heads.block.dflash import DFlashDrafter
+    from draftsmith.heads.block.proposers import DFlashProposer
 
     block, layers, vocab = BLOCK_SHAPES[a.shape]
     v = target.config.vocab_size
@@ -160,8 +160,8 @@ def _dflash(target, a: BenchArgs, opts: dict) -> Proposer:
 
 
 def _peagle(target, a: BenchArgs, opts: dict) -> Proposer:
-    from draftsmith.heads.block_proposers import PEagleProposer
-    from draftsmith.heads.peagle import PEagleHead
+    from draftsmith.heads.block.peagle import PEagleHead
+    from draftsmith.heads.block.proposers import PEagleProposer
 
     depth = opts.get("depth") or a.k  # one forward computes every depth the head has: size it to the draft
     head = PEagleHead.from_target_head(_eagle3_head(target, a), mask_token_id=0, num_depths=max(depth, 2))

@@ -12,9 +12,10 @@ from draftsmith.cpulayout import tune_linears
 from draftsmith.decode.drafters import Builder, DrafterContext, build_draft, build_ngram
 from draftsmith.decode.proposer import Proposer
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.block_proposers import build_dflash, build_peagle
-from draftsmith.heads.proposers import build_eagle, build_medusa
-from draftsmith.heads.selfdraft import build_earlyexit, build_layerskip
+from draftsmith.heads.block.proposers import build_dflash, build_peagle
+from draftsmith.heads.eagle.proposer import build_eagle
+from draftsmith.heads.medusa.proposer import build_medusa
+from draftsmith.heads.selfspec.folders import build_earlyexit, build_layerskip
 
 DRAFTERS: dict[str, Builder] = {
     "draft": build_draft,

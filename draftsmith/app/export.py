@@ -20,14 +20,22 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from draftsmith.app.exporters.verifier import is_hub_id
 from draftsmith.checkpoint import EXPORT_MANIFEST, Checkpoint, read_checkpoint
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import replace_dir
+from draftsmith.verifier import is_hub_id
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("hf", "sglang-eagle3", "speculators", "vllm-medusa", "sglang-dflash", "speculators-dflash", "speculators-peagle")
+FORMATS = (
+    "hf",
+    "sglang-eagle3",
+    "speculators",
+    "vllm-medusa",
+    "sglang-dflash",
+    "speculators-dflash",
+    "speculators-peagle",
+)
 KINDS = {
     "hf": ("draft", "dflash", "peagle"),
     "sglang-dflash": ("dflash",),
@@ -58,7 +66,10 @@ def _write_head(build: Callable[[Checkpoint], tuple[dict, dict]]) -> Callable[[C
 def _writers(
     speculative_tokens: int, verifier: str | None = None
 ) -> dict[str, Callable[[Checkpoint, Path], dict]]:
-    from draftsmith.app.exporters import block, eagle3, hf, medusa
+    from draftsmith.app.exporters import hf
+    from draftsmith.heads.block import export as block
+    from draftsmith.heads.eagle import export as eagle3
+    from draftsmith.heads.medusa import export as medusa
 
     return {
         "hf": lambda c, out: (_write_head(block.native) if c.kind in block.KINDS else hf.export_hf)(c, out),
@@ -79,8 +90,8 @@ AUX_NOTES = {
 }
 SERVE_NOTES = {
     # checked in the released wheels: vllm/v1/spec_decode/medusa.py first ships in 0.9.0 and is gone from 0.33.0
-    "vllm-medusa": "for vLLM 0.9.0 to 0.32.x: speculative_config={\"method\": \"medusa\", \"model\": DIR, "
-    "\"num_speculative_tokens\": N} (top-1 chain per head); vLLM 0.33.0 and later have no Medusa at all",
+    "vllm-medusa": 'for vLLM 0.9.0 to 0.32.x: speculative_config={"method": "medusa", "model": DIR, '
+    '"num_speculative_tokens": N} (top-1 chain per head); vLLM 0.33.0 and later have no Medusa at all',
 }
 
 
@@ -101,10 +112,13 @@ def export(
         raise DraftsmithError(f"{out} already exists and is not empty; choose another --out or pass --force")
     ckpt = read_checkpoint(checkpoint)
     if ckpt.kind not in KINDS[fmt]:
-        hint = {"draft": "hf", "medusa": "vllm-medusa", "eagle3": "sglang-eagle3 or speculators",
-                "dflash": "sglang-dflash or speculators-dflash", "peagle": "speculators-peagle"}.get(
-            ckpt.kind
-        )
+        hint = {
+            "draft": "hf",
+            "medusa": "vllm-medusa",
+            "eagle3": "sglang-eagle3 or speculators",
+            "dflash": "sglang-dflash or speculators-dflash",
+            "peagle": "speculators-peagle",
+        }.get(ckpt.kind)
         raise DraftsmithError(
             f"{ckpt.path} is a {ckpt.kind} checkpoint and cannot be exported as {fmt}; "
             + (

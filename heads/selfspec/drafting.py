@@ -36,11 +36,10 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from draftsmith.decode.proposer import Proposal
+from draftsmith.decode.trees import dynamic_tree
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams, sample, warp_probs
-
-from .proposer import Proposal
-from .trees import dynamic_tree
 
 
 class TargetLayers:

@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 
 from draftsmith.decode.drafters import DrafterContext, parse_kv
-from draftsmith.decode.selfspec import NormHeadTop, SelfSpecProposer
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import replace_dir, temp_path, write_json
 from draftsmith.heads.common import check_target, target_info
-from draftsmith.heads.eagle import KVBuffer, rope_cos_sin
-from draftsmith.heads.earlyexit import EarlyExitAdapter
+from draftsmith.heads.layers import KVBuffer, rope_cos_sin
+from draftsmith.heads.selfspec.drafting import NormHeadTop, SelfSpecProposer
+from draftsmith.heads.selfspec.earlyexit import EarlyExitAdapter
 from draftsmith.vocab import load_draft_vocab, save_draft_vocab
 
 LAYERSKIP = "layerskip"
@@ -88,10 +88,14 @@ def _options(opts: str, kind: str) -> dict:
 def _split(arg: str, kind: str) -> tuple[Path, str]:
     path, _, opts = arg.partition(",")
     if not path:
-        raise DraftsmithError(f"drafter '{kind}:' needs a folder: {kind}:DIR[,top_k=1,depth=6,stop_below=0.3]")
+        raise DraftsmithError(
+            f"drafter '{kind}:' needs a folder: {kind}:DIR[,top_k=1,depth=6,stop_below=0.3]"
+        )
     if not Path(path).is_dir():
-        raise DraftsmithError(f"{kind} folder {path} not found; pass the folder written by draftsmith "
-                              + ("layerskip" if kind == LAYERSKIP else "train/heads.py (head.kind=earlyexit)"))
+        raise DraftsmithError(
+            f"{kind} folder {path} not found; pass the folder written by draftsmith "
+            + ("layerskip" if kind == LAYERSKIP else "train/heads.py (head.kind=earlyexit)")
+        )
     return Path(path), opts
 
 
@@ -116,9 +120,13 @@ def read_layerskip(path: str | os.PathLike, target) -> tuple[list[int], torch.Te
     try:
         cfg = json.loads(f.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise DraftsmithError(f"{f} is missing or not JSON ({e}); run draftsmith layerskip to write it") from None
+        raise DraftsmithError(
+            f"{f} is missing or not JSON ({e}); run draftsmith layerskip to write it"
+        ) from None
     if cfg.get("draftsmith_drafter") != LAYERSKIP:
-        raise DraftsmithError(f"{p} is not a layerskip folder (config.json has no draftsmith_drafter=layerskip)")
+        raise DraftsmithError(
+            f"{p} is not a layerskip folder (config.json has no draftsmith_drafter=layerskip)"
+        )
     check_target(cfg.get("target", {}), target, f"layerskip {p}")
     n = target.config.num_hidden_layers
     skip = cfg.get("skip_layers")

@@ -11,11 +11,11 @@ import torch
 
 from draftsmith.acceptance import tau_from_conditional
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.block_losses import dflash_loss, peagle_loss
+from draftsmith.heads.block.dflash import DFlashDrafter
+from draftsmith.heads.block.losses import dflash_loss, peagle_loss
+from draftsmith.heads.block.peagle import PEagleHead
 from draftsmith.heads.common import weighted_means
-from draftsmith.heads.dflash import DFlashDrafter
-from draftsmith.heads.eagle import EagleHead
-from draftsmith.heads.peagle import PEagleHead
+from draftsmith.heads.eagle.model import EagleHead
 from draftsmith.modeling import base_decoder, output_head
 
 BLOCK_KINDS = ("dflash", "peagle")

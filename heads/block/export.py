@@ -27,14 +27,6 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.app.exporters.eagle3 import (
-    DTYPES,
-    LLAMA_KEYS,
-    check_vocab_map,
-    full_vocab,
-    speculators_eagle3,
-)
-from draftsmith.app.exporters.verifier import EMBED, resolve_verifier, target_embeddings
 from draftsmith.checkpoint import (
     Checkpoint,
     TensorInfo,
@@ -43,6 +35,8 @@ from draftsmith.checkpoint import (
     target_field,
 )
 from draftsmith.errors import DraftsmithError
+from draftsmith.heads.eagle.export import DTYPES, LLAMA_KEYS, check_vocab_map, full_vocab, speculators_eagle3
+from draftsmith.verifier import EMBED, resolve_verifier, target_embeddings
 
 KINDS = ("dflash", "peagle")
 QWEN3_KEYS = (*LLAMA_KEYS, "vocab_size", "num_hidden_layers")  # the decoder-layer fields, plus these
@@ -195,7 +189,9 @@ def speculators_peagle(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]
         raise DraftsmithError(
             f"{ckpt.path}: mask_hidden has shape {list(mask_hidden.shape)}, expected {list(want)}"
         )
-    out["mask_hidden"] = mask_hidden.contiguous()  # (speculators_eagle3 drops d2t / t2d for a full vocabulary)
+    out["mask_hidden"] = (
+        mask_hidden.contiguous()
+    )  # (speculators_eagle3 drops d2t / t2d for a full vocabulary)
     cfg.update(
         architectures=["PEagleSpeculator"],
         speculators_model_type="peagle",

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.app.exporters.verifier import EMBED, resolve_verifier, target_embeddings
 from draftsmith.checkpoint import (
     Checkpoint,
     TensorInfo,
@@ -40,6 +39,7 @@ from draftsmith.checkpoint import (
     target_field,
 )
 from draftsmith.errors import DraftsmithError
+from draftsmith.verifier import EMBED, resolve_verifier, target_embeddings
 
 LLAMA_KEYS = (
     "hidden_size",
@@ -252,7 +252,9 @@ def speculators_eagle3(
         "target_hidden_size": cfg["target_hidden_size"],
     }
     _check_out(out, "speculators", flat, "layers.0.")  # embed_tokens.weight is checked as [V, H] here
-    if full_vocab(out):  # speculators keeps no d2t / t2d then, and vLLM's load_weights raises on a d2t it has no slot for
+    if full_vocab(
+        out
+    ):  # speculators keeps no d2t / t2d then, and vLLM's load_weights raises on a d2t it has no slot for
         del out["d2t"], out["t2d"]
     return cfg, out
 
