@@ -114,6 +114,8 @@ class ExportFormat:
     """How the format's aux-layer ids relate to draftsmith's (written into draftsmith_export.json)."""
     serve_note: str | None = None
     """Which engine versions serve it, and how (written into draftsmith_export.json)."""
+    names_verifier: bool = False
+    """The folder names the target for the engine to load (speculators formats): `--verifier` applies."""
 
 
 @dataclass(frozen=True)
@@ -173,10 +175,14 @@ class DrafterKind:
     options: tuple[Option, ...] = ()
     needs_path: bool = True
     """The spec starts with a folder / Hub id (`ngram:` has none)."""
+    path_is_folder: bool = True
+    """The path must be a local folder of one of `accepts` (False: a Hub id or a .gguf will do too: `draft:`)."""
+    check_options: Callable[[dict], None] | None = None
+    """options dict -> None or one DraftsmithError line: constraints between options (ngram: min <= max)."""
     accepts: tuple[str, ...] = ()
     """Folder kinds its spec decodes (empty: its own name); `eagle:` reads EAGLE-1 and EAGLE-3 folders."""
-    max_depth: Callable[[dict], int] | None = None
-    """config.json dict -> the most draft tokens one step can propose (Medusa: its heads); None: no limit."""
+    max_depth: Callable[[dict], tuple[int, str]] | None = None
+    """config.json dict -> (the most draft tokens one step can propose, why: '4 heads'); None: no limit."""
     training: Training | None = None
     load: Callable[[dict], Any] | None = None
     """config.json dict -> the module with random weights (the caller loads the safetensors)."""

@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,8 @@ from draftsmith.modeling import base_decoder, embedding_fingerprint, fingerprint
 
 log = logging.getLogger(__name__)
 
-HEAD_TYPES = ("medusa", "eagle", "eagle3", "earlyexit", "dflash", "peagle")
+LossKind = Literal["soft_ce", "fkl", "rkl", "jsd", "tvd", "neg_log_accept", "lk"]
+"""A head's per-step loss: soft CE against the target's distribution (native) or a draftsmith divergence."""
 
 
 def target_fingerprint(model) -> list[float]:
@@ -112,11 +113,13 @@ def read_head_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, to
             f"{p} is not a head folder (needs config.json and model.safetensors); "
             "pass the final/ folder written by train/heads.py"
         )
+    from draftsmith.heads.kinds import folder_kinds
+
     config = read_json(p / "config.json", "re-save the head, or copy its config.json again")
-    if config.get("draftsmith_head_type") not in HEAD_TYPES:
+    if config.get("draftsmith_head_type") not in folder_kinds():
         raise DraftsmithError(
             f"{p}/config.json has draftsmith_head_type={config.get('draftsmith_head_type')!r}; "
-            f"expected one of {list(HEAD_TYPES)}"
+            f"expected one of {folder_kinds()}"
         )
     try:
         return config, load_file(str(p / "model.safetensors"))
@@ -265,3 +268,16 @@ class DepthAcceptance:
             "tau_sim": tau_from_conditional(self.accepts),
             "n_tokens": float(attention_mask.sum()),
         }
+
+
+def training_vocab(
+    target, train_examples: list[dict], size: int
+) -> tuple[torch.Tensor, torch.Tensor, set[int]]:
+    """The draft vocabulary of a trained head: the `size` most frequent target ids of the training data plus the
+    special tokens (size 0 or >= V: the whole vocabulary). Returns (sorted ids [V_d], token counts [V], special ids)."""
+    from draftsmith.vocab import build_vocab_ids, special_token_ids, token_counts
+
+    v = target.config.vocab_size
+    counts = token_counts((e["input_ids"] for e in train_examples), v)
+    special = set(special_token_ids(None, target))
+    return build_vocab_ids(counts, min(size, v) or v, always=sorted(special)), counts, special

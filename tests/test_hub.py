@@ -120,8 +120,10 @@ def test_refusals_upload_nothing(run_dir, tmp_path, fake_api):
     (run_dir / "final" / "notes.txt").unlink()
     cfg = json.loads((run_dir / "final" / "config.json").read_text())
     (run_dir / "final" / "config.json").write_text(json.dumps({**cfg, "num_heads": 3}))  # tensors for 2 heads
+    from draftsmith.app.drafters import DRAFTERS
+
     with pytest.raises(DraftsmithError, match="missing"):
-        hub.push_to_hub(run_dir / "final", "me/x", require_results=False)
+        hub.push_to_hub(run_dir / "final", "me/x", require_results=False, kinds=DRAFTERS)
     assert fake_api.calls == []
 
 

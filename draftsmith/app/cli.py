@@ -5,8 +5,9 @@
     draftsmith generate --target ... --prompts ... --out DIR
     draftsmith eval --target T --drafter draft:DIR --prompts builtin:dev-eval
     draftsmith check --target T --draft D     # tokenizer compatibility, no weights loaded
-    draftsmith export CKPT --format hf|sglang-eagle3|speculators|vllm-medusa --out DIR
+    draftsmith export CKPT --format FORMAT --out DIR   # the formats of the checkpoint's kind
     draftsmith push CKPT REPO_ID [--private] [--dry-run DIR]
+    draftsmith layerskip --target T --out DIR  # measured skip set: a layerskip:DIR drafter
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def evaluate(
     if max_new_tokens < 1:
         raise DraftsmithError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)  # validates, one-line errors
-    kind, drafter_arg = validate_spec(drafter)
+    kind, drafter_arg = validate_spec(drafter, k=k)
     if not isinstance(target, str):
         target_model, target = target, getattr(getattr(target, "config", None), "_name_or_path", "model")
     target_spec = target

@@ -16,12 +16,10 @@ in that forward).
 from __future__ import annotations
 
 import heapq
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from draftsmith.decode.drafters import DrafterContext, parse_kv
 from draftsmith.decode.proposer import Proposal
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.block.dflash import DFlashDrafter
@@ -157,14 +155,21 @@ class PEagleProposer(EagleProposer):
     def __init__(
         self, head: PEagleHead, target, *, top_k: int = 1, total_tokens: int = 16, depth: int | None = None
     ):
-        depth = min(depth or head.num_depths, head.num_depths)
+        if depth is not None and depth < 1:
+            raise DraftsmithError(f"peagle depth must be >= 1, got {depth}")
+        depth = head.num_depths if depth is None else min(depth, head.num_depths)
         super().__init__(head, target, top_k=1, depth=depth, total_tokens=max(total_tokens, depth))
         self.block_top_k, self.block_total = top_k, total_tokens
         self.vocab_size = head.config.vocab_size
-        self.tree = f"peagle depth={depth}" + (
-            f" top_k={top_k} total_tokens={total_tokens}" if top_k > 1 else " chain"
-        )
         self.last_logits: torch.Tensor | None = None
+
+    @property
+    def tree(self) -> str:
+        """What eval.json records: depth as drafted (min(the head's depths or depth=, k))."""
+        shape = (
+            f" top_k={self.block_top_k} total_tokens={self.block_total}" if self.block_top_k > 1 else " chain"
+        )
+        return f"peagle depth={self.used_depth}{shape}"
 
     @torch.inference_mode()
     def _logits(self, depth: int) -> torch.Tensor:
@@ -195,7 +200,7 @@ class PEagleProposer(EagleProposer):
         return h.logits(out[0, n - 1 :])  # [depth, V_d]
 
     def propose(self, k: int, params: SamplingParams, generator=None) -> Proposal:
-        depth = min(self.depth, k)
+        depth = self._depth(k)
         if self.pending is not None:
             self.last_logits = self._logits(self.depth)
         return block_proposal(
@@ -209,36 +214,28 @@ class PEagleProposer(EagleProposer):
         )
 
 
-def _load(arg: str, ctx: DrafterContext, kind: str, cls) -> tuple:
+def _load(path: str, ctx, kind: str, cls):
     from draftsmith.heads.io import load_head
 
-    path, _, opts = arg.partition(",")
-    if not path:
-        raise DraftsmithError(f"{kind} needs a folder: {kind}:DIR[,top_k=1,total_tokens=16]")
-    if not Path(path).is_dir():
-        raise DraftsmithError(
-            f"{kind} folder {path} not found; pass the final/ folder written by train/heads.py"
-        )
-    allowed = {"top_k": int, "total_tokens": int} | ({"depth": int} if kind == "peagle" else {})
-    o = parse_kv(opts, allowed, kind)
     head = load_head(path, ctx.target)
     if not isinstance(head, cls):
         raise DraftsmithError(
             f"{path} holds a {getattr(head, 'head_type', type(head).__name__)} head, not {kind}"
         )
-    return head, o
+    return head
 
 
-def build_dflash(arg: str, ctx: DrafterContext) -> DFlashProposer:
+def build_dflash(path: str, o: dict, ctx) -> DFlashProposer:
     """`dflash:DIR[,top_k=1,total_tokens=16]`."""
-    d, o = _load(arg, ctx, "dflash", DFlashDrafter)
+    d = _load(path, ctx, "dflash", DFlashDrafter)
     top_k, total = _tree_opts(o, d.config.block_size - 1)
     return DFlashProposer(d, ctx.target, top_k=top_k, total_tokens=total)
 
 
-def build_peagle(arg: str, ctx: DrafterContext) -> PEagleProposer:
-    """`peagle:DIR[,top_k=1,total_tokens=16,depth=D]`."""
-    h, o = _load(arg, ctx, "peagle", PEagleHead)
+def build_peagle(path: str, o: dict, ctx) -> PEagleProposer:
+    """`peagle:DIR[,top_k=1,total_tokens=16,depth=D]` (depth: at most the head's num_depths; default: all of them,
+    cut to the decoder's k)."""
+    h = _load(path, ctx, "peagle", PEagleHead)
     depth = min(o.get("depth", h.num_depths), h.num_depths)
     top_k, total = _tree_opts(o, depth)
     return PEagleProposer(h, ctx.target, top_k=top_k, total_tokens=total, depth=depth)

@@ -14,8 +14,6 @@ the simulated tau = 1 + sum_i prod_{j<=i} a_j (draftsmith.acceptance.tau_from_co
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -24,8 +22,6 @@ from draftsmith.divergences import divergence
 from draftsmith.heads.common import DepthAcceptance, shift_left
 from draftsmith.heads.eagle.model import EagleHead
 from draftsmith.modeling import base_decoder, output_head
-
-EagleLoss = Literal["soft_ce", "fkl", "rkl", "jsd", "tvd", "neg_log_accept", "lk"]
 
 
 def _soft_ce_chunk(draft_h, target_h, weight):

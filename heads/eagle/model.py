@@ -45,9 +45,19 @@ class EagleConfig(LayerShape):
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
-    """EAGLE-3 default: inputs of layers 2, N//2, N-3 (HF hidden_states indices), clamped to [1, N-1] for tiny
-    models: index 0 (the embeddings) and N (the final normed state) have no engine equivalent, so exports refuse them."""
-    return [min(max(i, 1), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)]
+    """EAGLE-3 default: inputs of layers 2, N//2, N-3 (HF hidden_states indices), made strictly increasing within
+    [1, N-1] on small targets (N >= 4: [1, 2, 3] for N = 4, [2, 3, 4] for N = 5 and 6) because the engines' capture
+    loops take the inputs of layers 1..N-1 only, in order. Below 4 layers three such ids do not exist: the ids are
+    clamped to [1, N-1] (usable by draftsmith, refused by every engine export)."""
+    want = (2, num_layers // 2, num_layers - 3)
+    if num_layers < 4:
+        return [min(max(i, 1), num_layers - 1) for i in want]
+    ids, lo = [], 1
+    for j, i in enumerate(sorted(want)):
+        i = min(max(i, lo), num_layers - 1 - (2 - j))  # leave room for the ids still to come
+        ids.append(i)
+        lo = i + 1
+    return ids
 
 
 class Eagle3Layer(nn.Module):

@@ -14,11 +14,8 @@ never added to it: after verification the accepted tokens are re-run with the ta
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from draftsmith.decode.drafters import DrafterContext, parse_kv
 from draftsmith.decode.proposer import Proposal
 from draftsmith.decode.trees import dynamic_tree
 from draftsmith.errors import DraftsmithError
@@ -38,15 +35,18 @@ class EagleProposer:
 
     name = "eagle"
 
-    def __init__(self, head: EagleHead, target, *, top_k: int = 8, depth: int = 6, total_tokens: int = 24):
-        if top_k < 1 or depth < 1 or total_tokens < 1:
+    def __init__(
+        self, head: EagleHead, target, *, top_k: int = 8, depth: int | None = None, total_tokens: int = 24
+    ):
+        """depth: the tree depth; None = the decoder's k (draft tokens per step) decides."""
+        if top_k < 1 or (depth is not None and depth < 1) or total_tokens < 1:
             raise DraftsmithError(
                 f"eagle needs top_k, depth, total_tokens >= 1, got {top_k}, {depth}, {total_tokens}"
             )
         self.head, self.c = head, head.config
         self.top_k, self.depth, self.total = top_k, depth, total_tokens
+        self.used_depth = depth
         self.max_nodes = total_tokens  # the decoder sizes static caches from it
-        self.tree = f"eagle2 dynamic top_k={top_k} depth={depth} total_tokens={total_tokens}"
         self.embed = base_decoder(target).embed_tokens.weight
         self.lm_weight = output_head(target).weight
         n = target.config.num_hidden_layers
@@ -55,6 +55,16 @@ class EagleProposer:
         self.vocab_ids = head.vocab_ids
         self.dtype = self.embed.dtype
         self._rope_table(1024)
+
+    @property
+    def tree(self) -> str:
+        """What eval.json records: the tree as drafted (depth = the last step's, min(depth, k))."""
+        depth = self.used_depth if self.used_depth is not None else "k"
+        return f"eagle2 dynamic top_k={self.top_k} depth={depth} total_tokens={self.total}"
+
+    def _depth(self, k: int) -> int:
+        self.used_depth = k if self.depth is None else min(self.depth, k)
+        return self.used_depth
 
     def _rope_table(self, n: int) -> None:
         pos = torch.arange(n, device=self.embed.device)[None]
@@ -143,31 +153,16 @@ class EagleProposer:
             return self._logp(out[0])
 
         toks, parents = dynamic_tree(
-            self._logp(self.root_out)[0], expand, top_k=self.top_k, depth=min(self.depth, k), total=self.total
+            self._logp(self.root_out)[0], expand, top_k=self.top_k, depth=self._depth(k), total=self.total
         )
         self.kv.length = ctx_len
         ids = toks if self.vocab_ids is None else self.vocab_ids[toks]
         return Proposal(ids[None], parents)
 
 
-def _split(arg: str) -> tuple[str, str]:
-    path, _, opts = arg.partition(",")
-    if not path:
-        raise DraftsmithError(
-            "head drafters need a folder: medusa:DIR or eagle:DIR[,top_k=8,depth=6,total_tokens=24]"
-        )
-    if not Path(path).is_dir():
-        raise DraftsmithError(
-            f"head folder {path} not found; pass the final/ folder written by train/heads.py"
-        )
-    return path, opts
-
-
-def build_eagle(arg: str, ctx: DrafterContext) -> EagleProposer:
-    """`eagle:DIR[,top_k=8,depth=6,total_tokens=24]` (EAGLE-1 or EAGLE-3 by config)."""
-    path, opts = _split(arg)
-    o = parse_kv(opts, {"top_k": int, "depth": int, "total_tokens": int}, "eagle")
+def build_eagle(path: str, o: dict, ctx) -> EagleProposer:
+    """`eagle:DIR[,top_k=8,total_tokens=24]` (EAGLE-1 or EAGLE-3 by config; depth = the decoder's k)."""
     head = load_head(path, ctx.target)
-    if not isinstance(head, EagleHead):
-        raise DraftsmithError(f"{path} holds a medusa head; use medusa:{path}")
+    if not isinstance(head, EagleHead) or head.head_type not in ("eagle", "eagle3"):
+        raise DraftsmithError(f"{path} holds a {head.head_type} head, not an EAGLE head")
     return EagleProposer(head, ctx.target, **o)

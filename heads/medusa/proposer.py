@@ -9,15 +9,14 @@ it).
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 
-from draftsmith.decode.drafters import DrafterContext, parse_kv
 from draftsmith.decode.proposer import Proposal
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.io import load_head, merge_target_lora, read_accuracy
+from draftsmith.heads.io import load_head, read_accuracy
 from draftsmith.heads.medusa.model import MedusaHeads
+from draftsmith.heads.medusa.training import merge_target_lora
 from draftsmith.heads.medusa.trees import chain_tree, medusa_tree, tree_parents
 from draftsmith.sampling import SamplingParams
 
@@ -36,12 +35,24 @@ class MedusaProposer:
         self.parents = tree_parents(paths)
         self.topk = 1 + max(r for p in paths for r in p)
         self.depths = [len(p) for p in paths]
+        self.used_depth = max(self.depths)
+
+    @property
+    def tree(self) -> str | bool:
+        """What eval.json records: the static tree as drafted (its depth capped by k)."""
+        keep = [d for d in self.depths if d <= self.used_depth]
+        return (
+            False
+            if len(keep) == self.used_depth
+            else f"medusa static {len(keep)} nodes depth={self.used_depth}"
+        )
 
     def begin(self, tokens: torch.Tensor, hidden) -> None:
         self.last = hidden[0][:, -1]  # [B, H]: the state that predicted the last committed token
 
     def propose(self, k: int, params: SamplingParams, generator=None) -> Proposal:
         keep = [i for i, d in enumerate(self.depths) if d <= k]
+        self.used_depth = min(k, max(self.depths))
         logits = self.heads(self.last)  # [K, B, V]
         top = logits.topk(self.topk, dim=-1).indices  # [K, B, topk]
         toks = torch.stack([top[len(p) - 1, :, p[-1]] for p in (self.paths[i] for i in keep)], 1)  # [B, N]
@@ -54,32 +65,17 @@ class MedusaProposer:
         self.last = hidden[0][:, -1]
 
 
-def _split(arg: str) -> tuple[str, str]:
-    path, _, opts = arg.partition(",")
-    if not path:
-        raise DraftsmithError(
-            "head drafters need a folder: medusa:DIR or eagle:DIR[,top_k=8,depth=6,total_tokens=24]"
-        )
-    if not Path(path).is_dir():
-        raise DraftsmithError(
-            f"head folder {path} not found; pass the final/ folder written by train/heads.py"
-        )
-    return path, opts
-
-
-def build_medusa(arg: str, ctx: DrafterContext) -> MedusaProposer:
+def build_medusa(path: str, o: dict, ctx) -> MedusaProposer:
     """`medusa:DIR[,total_tokens=N,depth=D,chain=1]`: static tree from DIR/head_accuracy.json. A Medusa-2
     folder (DIR/target_lora) has its LoRA merged into ctx.target first, in place: plain decoding in the same
     run then uses the fine-tuned target as well, which is the model Medusa-2 speculative decoding reproduces."""
-    path, opts = _split(arg)
-    o = parse_kv(opts, {"total_tokens": int, "depth": int, "chain": int}, "medusa")
     heads = load_head(path, ctx.target)
+    if not isinstance(heads, MedusaHeads):
+        raise DraftsmithError(f"{path} holds a {heads.head_type} head, not Medusa heads")
     if merge_target_lora(ctx.target, path):
         log.warning(
             "medusa: merged the Medusa-2 LoRA adapter of %s into the target (plain decoding too)", path
         )
-    if not isinstance(heads, MedusaHeads):
-        raise DraftsmithError(f"{path} holds a {heads.head_type} head; use eagle:{path}")
     depth = min(o.get("depth", heads.config.num_heads), heads.config.num_heads)
     acc = (read_accuracy(path) or {}).get("rank_accuracy")
     if o.get("chain") or acc is None:
