@@ -70,7 +70,7 @@ class Proposer(Protocol):
     hidden_state_layers: tuple[int, ...]
     # Optional attribute `max_nodes: int`: the most nodes one Proposal may hold (sizes static caches; default k).
     # Optional attribute `tree`: a short description of the tree shape, copied into eval.json conditions.
-    # Optional hooks (self-speculative drafters, decode.selfspec): `attach(decoder, cache)` right after the
+    # Optional hooks (self-speculative drafters, heads.selfspec): `attach(decoder, cache)` right after the
     # prefill hands over the target's KV cache; `verify_forward(block, proposal) -> (logits, hidden) | None`
     # replaces the decoder's verify forward when the proposer can reuse shared-layer work (None = not this step).
 

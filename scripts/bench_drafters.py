@@ -115,7 +115,7 @@ def parse_drafters(values: list[str]) -> list[tuple[str, str, int]]:
             raise DraftsmithError(
                 f"--drafter {d!r} must be NAME=SPEC@K (K >= 1, NAME not 'plain'), e.g. eagle3=eagle:DIR@6"
             )
-        validate_spec(spec)
+        validate_spec(spec, k=int(k))
         out.append((name, spec, int(k)))
     if len({n for n, _, _ in out}) != len(out):
         raise DraftsmithError("--drafter names must be unique")
@@ -205,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/bench_drafters")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--profiles-out", default=None, help="also write one costbench profile per drafter here")
-    ap.add_argument("--flops", action="store_true", help="also report each drafter's FLOP share of a target step")
+    ap.add_argument(
+        "--flops", action="store_true", help="also report each drafter's FLOP share of a target step"
+    )
     args = ap.parse_args(argv)
     try:  # before anything loads: bad input fails now, not after the benchmark
         check_output_dir(args.out, BENCH_FILES, overwrite=True)

@@ -55,9 +55,9 @@ def trainer_losses(trainer: str) -> tuple[str, ...]:
         from draftsmith.divergences import DivergenceKind
 
         return get_args(DivergenceKind)
-    from draftsmith.heads.losses import EagleLoss
+    from draftsmith.heads.common import LossKind
 
-    return get_args(EagleLoss)
+    return get_args(LossKind)
 
 
 def parse_loss(loss: str, trainer: str) -> tuple[str, str | None, int]:

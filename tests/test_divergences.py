@@ -297,7 +297,7 @@ def test_a_step_of_each_loss_raises_alpha(kind, temperature):
         t, d = torch.tensor([target]), torch.tensor([draft])
         before = _alpha(t, d, temperature)
         after = _alpha(
-            t, _step(lambda x: divergence(kind, t, x, temperature=temperature), d, 0.05), temperature
+            t, _step(lambda x, t=t: divergence(kind, t, x, temperature=temperature), d, 0.05), temperature
         )
         assert after > before, (kind, target, draft, before, after)
 
@@ -310,7 +310,7 @@ def test_a_step_raises_alpha_with_a_reduced_draft_vocab(kind):
         t, d = torch.tensor([target]), torch.tensor([draft])[:, vocab_ids]
         before = _alpha(t, d, 1.0, vocab_ids)
         after = _alpha(
-            t, _step(lambda x: divergence(kind, t, x, vocab_ids=vocab_ids), d, 0.05), 1.0, vocab_ids
+            t, _step(lambda x, t=t: divergence(kind, t, x, vocab_ids=vocab_ids), d, 0.05), 1.0, vocab_ids
         )
         # alpha can reach at most the target's mass on the draft's ids (q >= p there); at that ceiling (the near
         # miss: token 1 is out of reach) no step can raise it, and none may lower it
@@ -324,13 +324,13 @@ def test_a_step_raises_alpha_with_a_reduced_draft_vocab(kind):
 
 
 def test_a_step_of_the_heads_soft_ce_raises_alpha():
-    from draftsmith.heads.losses import soft_ce_through_head
+    from draftsmith.heads.eagle.losses import soft_ce_through_head
 
     weight = torch.eye(6)  # logits = hidden states, so the pairs above are the head's logits
     for target, draft in DIRECTION_PAIRS:
         t, d = torch.tensor([target]), torch.tensor([draft])
         before = _alpha(t, d, 1.0)
-        step = _step(lambda x: soft_ce_through_head(x, t, weight), d, 0.05)
+        step = _step(lambda x, t=t: soft_ce_through_head(x, t, weight), d, 0.05)
         assert _alpha(t, step, 1.0) > before, (target, draft)
 
 
