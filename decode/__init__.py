@@ -4,8 +4,9 @@
     dec = SpeculativeDecoder(target, tokenizer)
     res = dec.generate(prompt_ids, DraftModelProposer(draft, target.config.vocab_size), k=4)   # res.tokens, res.tau
 
-New drafters implement `Proposer` (decode/proposer.py) and a builder `build_x(arg, ctx: DrafterContext)`, listed in
-the app layer's drafter table (draftsmith.app.drafters). `draftsmith eval` is draftsmith.app.evaluate.evaluate.
+New drafters implement `Proposer` (decode/proposer.py) and a builder `build_x(path, options, ctx: DrafterContext)`,
+named by their kind's record (draftsmith.kinds; the tables: draftsmith.heads.kinds, draftsmith.app.drafters).
+`draftsmith eval` is draftsmith.app.evaluate.evaluate.
 """
 
 from .decoder import GenerationResult, SpeculativeDecoder

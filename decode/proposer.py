@@ -15,7 +15,9 @@ Batches. Rows are prompts of different lengths decoded together. `begin` gets th
 a_b), and `new_tokens` / `hidden` hold row b's a_b + 1 committed tokens in their first a_b + 1 columns (right
 padding after: A = 1 + max_b a_b). A row that stops (EOS, stop string, length) leaves the batch: `retain(rows)`
 keeps the listed rows (ascending batch indices) and drops the rest, after the step's `advance`. A proposer without
-`retain` decodes one prompt at a time (the decoder refuses it for a batch).
+`retain` is a single-row proposer: `advance(accepted_nodes: list[int], new_tokens [1, a + 1], hidden)`, and the
+decoder gives each row of a batch its own copy (decode.rowwise); one that drafts on the target's cache (`attach`)
+must speak the batch protocol itself.
 
 Hidden states (EAGLE, Medusa): a proposer with `hidden_state_layers = (i, ...)` receives, for every committed
 token x, the target hidden state *at the position that predicted x* (the row whose logits x was sampled from),
@@ -127,8 +129,9 @@ class Proposer(Protocol):
     hidden_state_layers: tuple[int, ...]
     # Optional attribute `max_nodes: int`: the most nodes one Proposal may hold (sizes static caches; default k).
     # Optional attribute `tree`: a short description of the tree shape, copied into eval.json conditions.
-    # Optional hooks (self-speculative drafters, decode.selfspec): `attach(decoder, cache)` right after the
-    # prefill hands over the target's KV cache (a decode.ragged.RaggedCache: the HF cache and its rows' lengths); `verify_forward(block, proposal) -> (logits, hidden) | None`
+    # Optional hooks (self-speculative drafters, heads.selfspec): `attach(decoder, cache)` right after the
+    # prefill hands over the target's KV cache (a decode.ragged.RaggedCache: the HF cache and its rows' lengths);
+    # `verify_forward(block, proposal) -> (logits, hidden) | None`
     # replaces the decoder's verify forward when the proposer can reuse shared-layer work (None = not this step).
 
     def begin(
@@ -155,7 +158,7 @@ class Proposer(Protocol):
         ...
 
     # Optional (batches): `retain(rows: list[int])` keeps only those rows (ascending batch indices) of every
-    # per-row state, after a step's advance; a proposer without it decodes one prompt at a time.
+    # per-row state, after a step's advance; a proposer without it is single-row (decode.rowwise wraps it).
 
 
 def node_depths(parents: list[int]) -> list[int]:

@@ -37,7 +37,6 @@ def select_layers(num_target_layers: int, n: int) -> list[int]:
     return [int(round(i * step)) for i in range(n)]
 
 
-
 def _model_dtype(model) -> torch.dtype:
     return next(model.parameters()).dtype
 

@@ -17,8 +17,10 @@ input_ids [B, T], attention_mask [B, T], loss_mask [B, T] (1 on response tokens 
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -188,12 +190,28 @@ def cache_target_topk(
     max_length: int,
     batch_size: int = 8,
     progress: bool = True,
+    file: str | Path | None = None,
+    target_name: str = "",
 ) -> None:
     """Score every example's response tokens with the target once and keep the top-k logits (in memory).
 
     Training on fixed/generated data then needs no target forward per step (the target is ~2/3 of a small draft's
     step on a CPU). The loss sees the target distribution truncated to its top-k tokens (the rest at -inf), the
-    "sparse" teacher of top-k logit distillation; held-out acceptance is always measured with the exact target."""
+    "sparse" teacher of top-k logit distillation; held-out acceptance is always measured with the exact target.
+
+    `file` (safetensors): scores written there are read back by any later run over the same examples, k, length
+    and target (a fingerprint of all four is checked), so runs that share a data set score it once: for a large
+    target on a CPU the scoring is most of a run's cost. A file with another fingerprint is refused."""
+    key = _topk_fingerprint(examples, k, max_length, target_name) if file is not None else None
+    if file is not None and Path(file).is_file():
+        _read_topk(Path(file), examples, key)
+        return
+    _score_topk(target, examples, k, pad_id, max_length, batch_size, progress)
+    if file is not None:
+        _write_topk(Path(file), examples, key)
+
+
+def _score_topk(target, examples, k, pad_id, max_length, batch_size, progress) -> None:
     from tqdm.auto import tqdm
 
     from draftsmith.distill.recipe import target_logits_at
@@ -220,6 +238,47 @@ def cache_target_topk(
             ids.split(batch["loss_mask"].sum(1).tolist()),
         ):
             e.target_topk = (part_v.half().cpu(), part_i.int().cpu())
+
+
+def _topk_fingerprint(examples: list[Example], k: int, max_length: int, target_name: str) -> str:
+    h = hashlib.sha256(f"{k}:{max_length}:{target_name}:{len(examples)}".encode())
+    for e in examples:
+        h.update(torch.tensor(e.prompt_ids + [-1] + e.response_ids, dtype=torch.int64).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _write_topk(path: Path, examples: list[Example], key: str) -> None:
+    from safetensors.torch import save_file
+
+    from draftsmith.fileio import atomic_write
+
+    tensors = {
+        "values": torch.cat([e.target_topk[0] for e in examples]),
+        "ids": torch.cat([e.target_topk[1] for e in examples]),
+        "rows": torch.tensor([e.target_topk[0].shape[0] for e in examples], dtype=torch.int64),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"fingerprint": key}))
+
+
+def _read_topk(path: Path, examples: list[Example], key: str) -> None:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            found = (f.metadata() or {}).get("fingerprint")
+            if found != key:
+                raise DraftsmithError(
+                    f"data.target_topk_file {path} holds scores of other data, k, length or target; point it at "
+                    "a new file (or delete this one) to score this run's data"
+                )
+            values, ids, rows = f.get_tensor("values"), f.get_tensor("ids"), f.get_tensor("rows").tolist()
+    except (SafetensorError, OSError) as e:
+        raise DraftsmithError(
+            f"data.target_topk_file {path} is not readable ({e}); delete it to rescore"
+        ) from None
+    for e, part_v, part_i in zip(examples, values.split(rows), ids.split(rows)):
+        e.target_topk = (part_v, part_i)
 
 
 def dense_from_topk(

@@ -54,7 +54,9 @@ class ModelArgs:
     draft: str | None = None
     """init=existing: the draft model (Hub id/folder); its tokenizer is checked against the target's first."""
     layers: list[int] | None = None
-    """init=shrink: target layer indices to keep; null = num_layers spread evenly (first and last included)."""
+    """init=shrink: target layer indices to keep; null = num_layers spread evenly (first and last included).
+    init=existing: keep only these layers of the draft (a layer-pruned small model, e.g. 6 of a 0.5B's 24 layers);
+    null = all of them."""
     num_layers: int = 4
     """init=shrink/fresh: number of draft decoder layers."""
     hidden_size: int = 0
@@ -86,6 +88,16 @@ class DataArgs(DataSources):
     """>0: score the training data with the target once and keep its top-k logits per token, so training steps
     on that data skip the target forward (~3x faster for small drafts; the loss sees the top-k truncated target).
     Memory: k x 6 bytes per response token. 0 = exact target every step. Evals always use the exact target."""
+    target_topk_file: str | None = None
+    """cache_target_topk > 0: a safetensors file the scores are written to and read back from by later runs over
+    the same data (e.g. a LoRA and a full fine-tune of the same draft: a large target scores the data once)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.target_topk_file and not self.cache_target_topk:
+            raise DraftsmithError(
+                "data.target_topk_file needs data.cache_target_topk > 0 (the number of target logits kept per token)"
+            )
 
 
 @dataclass
@@ -98,6 +110,23 @@ class LossArgs:
     """jsd: weight in (0, 1)."""
     chunk_size: int = 1024
     """Tokens per chunk in the loss (bounds the [chunk, V] fp32 memory)."""
+    warmup_kind: DivergenceKind | None = None
+    """A divergence for the first `warmup_steps` optimizer steps, then `kind` (e.g. fkl, then tvd: KL's dense
+    gradients first, the acceptance gap itself once the draft overlaps the target). null = `kind` throughout."""
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0:
+            raise DraftsmithError(f"loss.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if (self.warmup_kind is None) != (self.warmup_steps == 0):
+            raise DraftsmithError(
+                "loss.warmup_kind and loss.warmup_steps go together: set both (e.g. warmup_kind=fkl "
+                f"warmup_steps=50) or neither; got warmup_kind={self.warmup_kind}, warmup_steps={self.warmup_steps}"
+            )
+
+    def kind_at(self, step: int) -> DivergenceKind:
+        """The divergence optimizer step `step` (0-based) trains with."""
+        return self.warmup_kind if self.warmup_kind is not None and step < self.warmup_steps else self.kind
 
 
 @dataclass
@@ -174,15 +203,21 @@ def target_logits_at(
 
 
 def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
-    """loss_fn(prepared DraftLM, RawBatch) -> (loss, metrics) for draftsmith.trainer.run."""
+    """(loss_fn, before_step) for draftsmith.trainer.run: loss_fn(prepared DraftLM, RawBatch) -> (loss, metrics);
+    before_step(step) picks the divergence of that optimizer step (loss.warmup_kind, then loss.kind)."""
 
     vocab = target.config.get_text_config().vocab_size
     t2d = None  # KL-type losses only see p on the draft's support: scatter cached top-k straight into it
-    if policy.vocab_ids is not None and cfg.kind in ("fkl", "rkl", "jsd"):
+    if policy.vocab_ids is not None:
         t2d = torch.full((vocab,), -1, dtype=torch.long, device=policy.vocab_ids.device)
         t2d[policy.vocab_ids] = torch.arange(policy.vocab_ids.numel(), device=t2d.device)
+    current = {"kind": cfg.kind_at(0)}
+
+    def before_step(step: int) -> None:
+        current["kind"] = cfg.kind_at(step)
 
     def loss_fn(model: torch.nn.Module, raw) -> tuple[torch.Tensor, dict]:
+        kind = current["kind"]
         draft = causal_lm(model)
         batch = policy.materialize(raw, draft.model if raw.on_policy else None)
         dev = next(draft.parameters()).device
@@ -191,7 +226,11 @@ def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
         vocab_ids = policy.vocab_ids
         if "target_topk_values" in batch:
             values, ids = batch["target_topk_values"].to(dev), batch["target_topk_ids"].to(dev)
-            if t2d is not None:  # same numbers as restricting the dense [N, V] logits, at V_d / V the memory
+            if t2d is not None and kind in (
+                "fkl",
+                "rkl",
+                "jsd",
+            ):  # = restricting the dense [N, V] logits, at V_d / V the memory
                 target_logits = dense_from_topk(values, ids, vocab_ids.numel(), t2d.to(dev))
                 vocab_ids = None
             else:
@@ -200,7 +239,7 @@ def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
             target_logits = target_logits_at(target, input_ids, attn, torch.nn.functional.pad(rows, (0, 1)))
         draft_logits = model(input_ids, attn)[:, :-1][rows]
         loss = divergence(
-            cfg.kind,
+            kind,
             target_logits,
             draft_logits,
             temperature=cfg.temperature,
@@ -214,7 +253,7 @@ def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
             "on_policy": float(raw.on_policy),
         }
 
-    return loss_fn
+    return loss_fn, before_step
 
 
 def evaluate_examples(
@@ -281,6 +320,9 @@ def build_draft(cfg: ModelArgs, target, device) -> tuple[torch.nn.Module, dict]:
             )
         draft = init.existing(cfg.draft, dtype="fp32", device=device)
         info = {"init": "existing", "draft": cfg.draft}
+        if cfg.layers:  # a layer subset of the small model: its embeddings, norm and head stay
+            draft = init.shrink(draft, cfg.layers)
+            info["layers"] = list(cfg.layers)
     elif cfg.init == "shrink":
         layers = cfg.layers if cfg.layers else init.select_layers(n_target, cfg.num_layers)
         draft = init.shrink(target, layers)
@@ -329,7 +371,7 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
     if tokenizer is None:
         tokenizer = models.load_tokenizer(m.target, m.trust_remote_code)
     loaded = [e for examples in examples_from_sources(sources, tokenizer, d.limit) for e in examples]
-    train_ex, eval_ex = split_heldout(loaded, d.eval_size, cfg.train.seed)
+    train_ex, eval_ex = split_heldout(loaded, d.eval_size, d.held_out_seed(cfg.train.seed))
     if target is None:
         target = models.load_model(
             m.target, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code
@@ -374,7 +416,14 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
         from draftsmith.distill.policies import cache_target_topk
 
         cache_target_topk(
-            target, policy.examples, d.cache_target_topk, pad, d.max_length, cfg.train.batch_size
+            target,
+            policy.examples,
+            d.cache_target_topk,
+            pad,
+            d.max_length,
+            cfg.train.batch_size,
+            file=d.target_topk_file,
+            target_name=str(m.target),
         )
     return DistillSetup(target, DraftLM(draft, vocab_ids), tokenizer, policy, eval_ex, info)
 
@@ -457,10 +506,11 @@ def run_distill(
 
     if accelerator.is_main_process and s.init_info.get("draft_vocab"):
         log.info("draft vocab: %s", s.init_info["draft_vocab"])
+    loss_fn, before_step = make_loss_fn(s.target, s.policy, cfg.loss)
     summary = run(
         accelerator,
         s.draft,
-        make_loss_fn(s.target, s.policy, cfg.loss),
+        loss_fn,
         s.policy,
         cfg.train,
         out,
@@ -470,6 +520,7 @@ def run_distill(
         overwrite=overwrite,
         run_config=run_config,
         progress=progress,
+        before_step=before_step,
     )
     summary.update({"final_dir": str(out / "final"), "init": s.init_info})
     if cfg.push_to_hub and accelerator.is_main_process:

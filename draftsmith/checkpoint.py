@@ -1,24 +1,27 @@
 """Read a draftsmith checkpoint folder and check its tensors against the format it claims, before any export.
 
-Kinds:
+Folders:
 - "draft": a distilled draft, an ordinary HF causal-LM folder (+ optional draft_vocab.safetensors);
-- "medusa" / "eagle" / "eagle3": a head folder, config.json with `draftsmith_head_type` + model.safetensors.
+- a head folder: config.json with `draftsmith_head_type` (its kind) + model.safetensors;
+- a weightless self-drafter folder: config.json with `draftsmith_drafter` (layerskip).
 
 Serving engines load weights by name and silently skip names they do not know, leaving random weights in
 their place, so every export first compares the exact tensor-name set and shapes with what the config implies.
-Shapes are read from the safetensors header; no tensor is loaded for validation.
+Shapes are read from the safetensors header; no tensor is loaded for validation. What a kind's folder must hold is
+its record's `check_folder` (draftsmith.kinds): `read_checkpoint(path, kinds)` runs it; the layout helpers below are
+what the families' checks are made of.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from draftsmith.errors import DraftsmithError
 
-HEAD_KINDS = ("medusa", "eagle", "eagle3", "earlyexit", "dflash", "peagle")
-SELF_DRAFTERS = ("layerskip",)  # no weights of their own: config.json names the target layers they run
 EXPORT_MANIFEST = "draftsmith_export.json"
 DRAFT_META = "draftsmith_draft.json"
 
@@ -45,7 +48,7 @@ class Checkpoint:
     @property
     def target(self) -> dict:
         """The target's description: head config "target" or draftsmith_draft.json "target" ({} if unknown)."""
-        if self.kind in HEAD_KINDS or self.kind in SELF_DRAFTERS:
+        if self.kind != "draft":
             return dict(self.config.get("target") or {})
         meta = self.path / DRAFT_META
         if meta.is_file():
@@ -74,13 +77,13 @@ def target_hub_id(target: dict) -> str | None:
 
     name = str(target.get("name_or_path") or target.get("name") or "")
     if name in EMBEDDED_TARGETS:
-        return EMBEDDED_TARGETS[name][2]
+        return EMBEDDED_TARGETS[name].hub_id
     source = Path(name) / "DRAFTSMITH_SOURCE.txt" if name else None
     if source is not None and source.is_file():
         gguf_name = Path(source.read_text().strip()).name
-        for _pkg, fname, hub_id in EMBEDDED_TARGETS.values():
-            if fname == gguf_name:
-                return hub_id
+        for model in EMBEDDED_TARGETS.values():
+            if model.gguf_file == gguf_name:
+                return model.hub_id
     return None
 
 
@@ -113,8 +116,10 @@ def tensor_headers(path: Path) -> dict[str, TensorInfo]:
         ) from None
 
 
-def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Identify and validate a native checkpoint folder (no tensors loaded)."""
+def read_checkpoint(path: str | Path, kinds: Mapping[str, Any] | None = None) -> Checkpoint:
+    """Identify a native checkpoint folder (no tensors loaded). With `kinds` (a table of draftsmith.kinds records:
+    draftsmith.heads.kinds.HEAD_KINDS, draftsmith.app.drafters.DRAFTERS) an unknown kind is refused and the kind's
+    `check_folder` validates the folder against its config."""
     p = Path(path).expanduser()
     if not p.is_dir():
         raise DraftsmithError(
@@ -126,22 +131,31 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
             f"{p} is already a {fmt!r} export; export from the original draftsmith checkpoint"
         )
     cfg = read_json(p / "config.json", "pass a draftsmith checkpoint folder (final/ or checkpoints/step-N/)")
-    if cfg.get("draftsmith_drafter") in SELF_DRAFTERS:
-        if not isinstance(cfg.get("skip_layers"), list) or not isinstance(cfg.get("target"), dict):
-            raise DraftsmithError(f"{p}: a layerskip config.json needs skip_layers and target; re-run draftsmith layerskip")
+    ckpt = _identify(p, cfg)
+    if kinds is not None:
+        folders = {
+            k: r for k, r in kinds.items() if r.load or r.check_folder or r.exports
+        }  # kinds with folders
+        rec = folders.get(ckpt.kind)
+        if rec is None:
+            known = sorted(folders)
+            raise DraftsmithError(f"{p}: unknown draftsmith kind {ckpt.kind!r}; expected one of {known}")
+        if rec.check_folder is not None:
+            rec.check_folder(ckpt)
+    return ckpt
+
+
+def _identify(p: Path, cfg: dict) -> Checkpoint:
+    if isinstance(
+        cfg.get("draftsmith_drafter"), str
+    ):  # no weights of its own: config.json names what it runs
         return Checkpoint(p, cfg["draftsmith_drafter"], cfg)
     head_type = cfg.get("draftsmith_head_type")
     if head_type is not None:
-        if head_type not in HEAD_KINDS:
-            raise DraftsmithError(
-                f"{p}: unknown draftsmith_head_type {head_type!r}; expected one of {list(HEAD_KINDS)}"
-            )
         weights = p / "model.safetensors"
         if not weights.is_file():
             raise DraftsmithError(f"{p} has no model.safetensors; heads are saved as one safetensors file")
-        ckpt = Checkpoint(p, head_type, cfg, tensor_headers(weights))
-        validate_head(ckpt)
-        return ckpt
+        return Checkpoint(p, str(head_type), cfg, tensor_headers(weights))
     archs = cfg.get("architectures") or []
     if not any(str(a).endswith("ForCausalLM") for a in archs):
         raise DraftsmithError(
@@ -155,7 +169,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(p, "draft", cfg)
 
 
-def _int(cfg: dict, key: str, where: str, minimum: int = 1) -> int:
+def int_field(cfg: dict, key: str, where: str, minimum: int = 1) -> int:
+    """cfg[key] as an integer >= minimum, or one DraftsmithError line."""
     v = cfg.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise DraftsmithError(
@@ -165,25 +180,25 @@ def _int(cfg: dict, key: str, where: str, minimum: int = 1) -> int:
 
 
 def target_field(cfg: dict, key: str, where: str) -> int:
-    return _int(cfg.get("target") or {}, key, f"{where} (target)")
+    return int_field(cfg.get("target") or {}, key, f"{where} (target)")
 
 
 def head_dims(cfg: dict, where: str) -> dict[str, int]:
     """Llama-layer sizes of an EAGLE/EAGLE-3 head config."""
-    h = _int(cfg, "hidden_size", where)
-    nh = _int(cfg, "num_attention_heads", where)
+    h = int_field(cfg, "hidden_size", where)
+    nh = int_field(cfg, "num_attention_heads", where)
     d = {
         "H": h,
-        "I": _int(cfg, "intermediate_size", where),
+        "I": int_field(cfg, "intermediate_size", where),
         "nh": nh,
-        "nkv": _int(cfg, "num_key_value_heads", where) if "num_key_value_heads" in cfg else nh,
-        "hd": _int(cfg, "head_dim", where) if cfg.get("head_dim") is not None else h // nh,
+        "nkv": int_field(cfg, "num_key_value_heads", where) if "num_key_value_heads" in cfg else nh,
+        "hd": int_field(cfg, "head_dim", where) if cfg.get("head_dim") is not None else h // nh,
         "V": cfg.get("vocab_size") or target_field(cfg, "vocab_size", where),
     }
     return d
 
 
-def _llama_layer(
+def llama_layer_tensors(
     prefix: str, d: dict[str, int], in_mult: int, input_norm: bool
 ) -> dict[str, tuple[int, ...]]:
     h, qkv_in = d["H"], in_mult * d["H"]
@@ -200,59 +215,6 @@ def _llama_layer(
     if input_norm:  # EAGLE-1 drops the input norm of its single layer (as vLLM's EAGLE loader does)
         names[f"{prefix}input_layernorm.weight"] = (h,)
     return names
-
-
-def expected_head_tensors(
-    kind: str, cfg: dict, where: str = "head", layer_prefix: str | None = None
-) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
-    """(required, optional) tensor name -> shape implied by a head config (native names unless layer_prefix)."""
-    if kind == "medusa":
-        n_heads, h = _int(cfg, "num_heads", where), _int(cfg, "hidden_size", where)
-        n_layers = _int(cfg, "num_layers", where, minimum=0)
-        v = _int(cfg, "vocab_size", where)
-        req: dict[str, tuple[int, ...]] = {}
-        for i in range(n_heads):
-            for j in range(n_layers):
-                req[f"blocks.{i}.layers.{j}.weight"] = (h, h)
-                if cfg.get("medusa_fc_bias", True):
-                    req[f"blocks.{i}.layers.{j}.bias"] = (h,)
-            req[f"lm_heads.{i}.weight"] = (v, h)
-        return req, {}
-    d = head_dims(cfg, where)
-    if kind in ("eagle3", "peagle"):  # P-EAGLE = EAGLE-3 + the learned placeholder features mask_hidden
-        ht = cfg.get("target_hidden_size") or (
-            target_field(cfg, "hidden_size", where) if cfg.get("target") else d["H"]
-        )
-        vd = _int(cfg, "draft_vocab_size", where)
-        req = {"fc.weight": (d["H"], 3 * ht)}
-        req.update(_llama_layer(layer_prefix or "midlayer.", d, 2, input_norm=True))
-        req[f"{layer_prefix or 'midlayer.'}hidden_norm.weight"] = (d["H"],)
-        req.update({"norm.weight": (d["H"],), "lm_head.weight": (vd, d["H"]), "d2t": (vd,), "t2d": (d["V"],)})
-        if kind == "peagle":
-            req["mask_hidden"] = (1, 1, 3 * ht)
-        return req, {"embed_tokens.weight": (d["V"], d["H"])}
-    if kind == "dflash":  # Qwen3-style layers (q/k norms) over [context K/V; block]; fc over n fused target layers
-        ht = cfg.get("target_hidden_size") or d["H"]
-        n_aux = len(cfg.get("aux_hidden_state_layer_ids") or [])
-        vd, n_layers = _int(cfg, "draft_vocab_size", where), _int(cfg, "num_hidden_layers", where)
-        _int(cfg, "block_size", where, minimum=2)
-        if n_aux < 1:
-            raise DraftsmithError(f"{where}: config lists no aux_hidden_state_layer_ids; re-save the drafter")
-        req = {"fc.weight": (d["H"], n_aux * ht), "hidden_norm.weight": (d["H"],), "norm.weight": (d["H"],)}
-        for i in range(n_layers):
-            req.update(_llama_layer(f"layers.{i}.", d, 1, input_norm=True))
-            req[f"layers.{i}.self_attn.q_norm.weight"] = req[f"layers.{i}.self_attn.k_norm.weight"] = (d["hd"],)
-        req.update({"lm_head.weight": (vd, d["H"]), "d2t": (vd,), "t2d": (d["V"],)})
-        return req, {}
-    if kind == "earlyexit":  # one Llama layer over the exit layer's states + final norm; head rows = target's
-        req = _llama_layer(layer_prefix or "", d, 1, input_norm=True)
-        req.update({"norm.weight": (d["H"],), "vocab_ids": (_int(cfg, "draft_vocab_size", where),)})
-        return req, {}
-    if kind == "eagle":
-        req = {"fc.weight": (d["H"], 2 * d["H"]), "fc.bias": (d["H"],)}
-        req.update(_llama_layer(layer_prefix or "layers.0.", d, 1, input_norm=False))
-        return req, {"embed_tokens.weight": (d["V"], d["H"])}
-    raise DraftsmithError(f"{where}: unknown head kind {kind!r}")
 
 
 def check_tensor_set(
@@ -285,14 +247,43 @@ def check_tensor_set(
             )
 
 
-def validate_head(ckpt: Checkpoint) -> None:
-    """Check a head checkpoint's tensor names, shapes and index dtypes against its config."""
-    where = f"{ckpt.kind} checkpoint {ckpt.path}"
-    req, opt = expected_head_tensors(ckpt.kind, ckpt.config, where)
-    check_tensor_set(ckpt.tensors, req, opt, where)
-    if ckpt.kind in ("eagle3", "dflash", "peagle"):
+Layout = Callable[[dict, str], tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]]
+"""config.json dict, where -> (required, optional) tensor name -> shape: a head kind's folder layout."""
+
+
+def head_folder_check(layout: Layout) -> Callable[[Checkpoint], None]:
+    """A record's `check_folder` for head folders: tensor names and shapes == what `layout` derives from the config,
+    and index tensors (d2t, t2d) of the right dtype."""
+
+    def check(ckpt: Checkpoint) -> None:
+        where = f"{ckpt.kind} checkpoint {ckpt.path}"
+        req, opt = layout(ckpt.config, where)
+        check_tensor_set(ckpt.tensors, req, opt, where)
         for name, dtype in (("d2t", "I64"), ("t2d", "BOOL")):
-            if ckpt.tensors[name].dtype != dtype:
+            if name in ckpt.tensors and ckpt.tensors[name].dtype != dtype:
                 raise DraftsmithError(
                     f"{where}: {name} must be {dtype}, found {ckpt.tensors[name].dtype}; re-save the head"
                 )
+
+    return check
+
+
+def head_export(
+    build: Callable[[Checkpoint, Any], tuple[dict, dict]],
+) -> Callable[[Checkpoint, Path, Any], dict]:
+    """An ExportFormat.write from `build(ckpt, ExportOptions) -> (config.json dict, tensors)`: writes config.json and
+    model.safetensors into `out`; returns the manifest notes (architectures, the verifier named)."""
+
+    def write(ckpt: Checkpoint, out: Path, opts: Any) -> dict:
+        from safetensors.torch import save_file
+
+        cfg, tensors = build(ckpt, opts)
+        (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=False) + "\n")
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        notes = {"config": cfg.get("architectures")}
+        verifier = (cfg.get("speculators_config") or {}).get("verifier")
+        if verifier:  # the target the engine will load: a Hub id, or a folder on this machine only
+            notes["verifier"] = verifier["name_or_path"]
+        return notes
+
+    return write

@@ -1,17 +1,26 @@
-"""Weight layout of nn.Linear for CPU inference, chosen by measuring the machine.
+"""Weight layout and matmul kernel of nn.Linear for CPU inference, chosen by measuring the machine.
 
 A speculative verify multiplies a handful of rows (2-16 tokens) by every weight of the target. On CPUs, MKL's sgemm
 picks its kernel from the operand layout, and for 4-32 rows against the nn.Linear layout (row-major [out, in]) it
 picks a slow one: on a 2-core AVX-512 Xeon a 16-token forward of SmolLM2-135M after a 300-token cache took 138 ms
 against 41 ms for one token. With the same weights stored column-major (an [in, out] contiguous tensor viewed as
 [out, in], so shapes and state_dict keys do not change) it takes 78 ms; 8 tokens 69 ms instead of 94 (RESULTS.md).
-For 2-3 rows the row-major kernel is the faster one.
+For 2-3 rows the row-major kernel is the faster one. On AMD CPUs without AVX-512, MKL's small-row sgemm is slow in
+both layouts, and oneDNN's inner-product kernel (torch.ops.mkldnn._linear_pointwise, the one inductor's CPU
+backend calls; same weight, same shapes) is up to ~1.8x faster for 4-16 rows of the large projections.
 
-`tune_linears(model)` times both layouts for 1..16 rows on each distinct weight shape once per process, re-lays
-every Linear out column-major where that layout wins, and keeps a row-major copy (a non-persistent buffer) for the
-row counts where it is faster, when that copy fits `max_extra_bytes`. Prefill (hundreds of rows) uses the
-column-major weight, which measured as fast or faster there. Nothing changes on GPUs or for trainable modules.
-DRAFTSMITH_CPU_LAYOUT=off turns it off (for A/B timing).
+On x86 CPUs with AVX2 and FMA a fourth kernel is offered: draftsmith.cpukernels.stream_linear, which reads
+a row-major weight once for up to 16 rows (BLAS re-reads it per row there), so a 2-3 token verify of a memory-bound
+target costs about one decode step.
+
+`tune_linears(model)` times, for each distinct weight shape once per process and for each row count of ROWS, every
+kernel on the layout it reads: "row" (F.linear on the row-major weight, nn.Linear's own), "col" (F.linear on a
+column-major copy), "onednn" (oneDNN on the column-major weight, where it runs for the dtype) and "stream". Each
+Linear keeps the layout whose kernels are fastest over the row counts (its "primary"), and a copy in the other
+layout only where a kernel on it wins a row count by MARGIN and the copies fit `max_extra_bytes`; each forward runs
+the winner of its row count. Prefill (hundreds of rows) takes the decision of the largest count measured. Shapes and
+state_dict are unchanged; nothing changes on GPUs or for trainable modules. DRAFTSMITH_CPU_LAYOUT=off turns it off
+(for A/B timing).
 """
 
 from __future__ import annotations
@@ -19,36 +28,84 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith import cpukernels
 from draftsmith.errors import DraftsmithError
 
-ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
-"""Row counts measured; a count between two of them takes the decision of the lower one, above 16 the one of 16."""
+ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+"""Row counts measured; a count between two of them takes the decision of the lower one, above 64 the one of 64
+(a verify is 2-17 rows at batch 1, B x (k + 1) rows for a batch)."""
 
-_DECISIONS: dict[tuple[int, int, torch.dtype], frozenset[int]] = {}
-"""(in, out, dtype) -> measured row counts where the row-major layout is faster (per process)."""
+_DECISIONS: dict[tuple[int, int, torch.dtype], Plan] = {}
+"""(in, out, dtype) -> the measured plan (per process)."""
 
 REPS, MARGIN = 5, 0.05
-"""Row-major is kept for a row count only if its median time is >= 5% below column-major's (a copy costs memory)."""
+"""A kernel other than the primary layout's own F.linear is chosen for a row count only if its median time is >= 5%
+below that one's (a copy costs memory; an alternative kernel must earn its place)."""
 _STREAM_BYTES = 32 << 20
 """Each timing multiplies this many bytes of weight copies, so they stream from memory as in a real forward."""
 
 
-class TunedLinear(nn.Linear):
-    """nn.Linear whose weight is column-major, with a row-major copy for the row counts where that is faster."""
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
-    row_major_rows: frozenset[int]
+
+def _stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return cpukernels.stream_linear(x, weight, bias)
+
+
+KERNELS: dict[str, tuple] = {"row": (F.linear, "row"), "col": (F.linear, "col"), "onednn": (_onednn, "col"),
+                             "stream": (_stream, "row")}  # fmt: skip
+"""kernel name -> (function(x, weight, bias), the weight layout it reads)."""
+DEFAULT = {"row": "row", "col": "col"}
+"""The kernel a layout runs when nothing beat it: F.linear."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """For one weight shape: the layout the weight is stored in, and the kernel of each measured row count that does
+    not run the layout's own F.linear (a kernel on the other layout needs a copy)."""
+
+    layout: str
+    kernel_of: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def needs_copy(self) -> bool:
+        return any(KERNELS[k][1] != self.layout for k in self.kernel_of.values())
+
+    def without_copy(self) -> Plan:
+        return Plan(self.layout, {r: k for r, k in self.kernel_of.items() if KERNELS[k][1] == self.layout})
+
+
+class TunedLinear(nn.Linear):
+    """nn.Linear whose weight is stored in the measured layout and whose forward runs the kernel measured fastest for
+    its row count (on a copy in the other layout where that kernel reads it)."""
+
+    plan: Plan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.row_major_rows and not self.weight.requires_grad:  # a copy goes stale once the weight trains
-            rows = x.numel() // self.in_features
-            if _bucket(rows) in self.row_major_rows:
-                return F.linear(x, self.row_major, self.bias)
+        if not self.weight.requires_grad:  # a copy goes stale once the weight trains
+            kernel = self.plan.kernel_of.get(_bucket(x.numel() // self.in_features))
+            if kernel is not None:
+                fn, layout = KERNELS[kernel]
+                return fn(x, self.weight if layout == self.plan.layout else self.other_layout, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    @property
+    def kernel_of(self) -> dict[int, str]:
+        return self.plan.kernel_of
+
+    @property
+    def row_major_rows(self) -> frozenset[int]:
+        """Row counts (of ROWS) that read a row-major copy of a column-major weight."""
+        return frozenset(
+            r for r, k in self.plan.kernel_of.items() if self.plan.layout == "col" and k == "row"
+        )
 
 
 _BUCKET = [max((r for r in ROWS if r <= n), default=1) for n in range(ROWS[-1] + 1)]
@@ -58,34 +115,75 @@ def _bucket(rows: int) -> int:
     return _BUCKET[rows] if rows <= ROWS[-1] else ROWS[-1]
 
 
-def _time(x: torch.Tensor, weights: list[torch.Tensor]) -> float:
-    """Seconds for x @ W.T over all `weights`."""
+def _time(kernel, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
+    """Seconds for kernel(x, W) over all `weights`."""
     t = time.perf_counter()
     for w in weights:
-        F.linear(x, w)
+        kernel(x, w, None)
     return time.perf_counter() - t
 
 
+def _candidates(dtype: torch.dtype, in_features: int) -> dict[str, tuple]:
+    """The kernels that run here for this dtype and width: F.linear always, oneDNN where torch has it for the dtype
+    (not for bf16 on CPUs without native bf16), stream for fp32 on AVX2+FMA with in_features % 8 == 0."""
+    names = ["row", "col"]
+    if hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available():
+        try:
+            _onednn(torch.randn(2, in_features).to(dtype), torch.randn(in_features, 4).to(dtype).t(), None)
+            names.append("onednn")
+        except RuntimeError:
+            pass
+    if dtype == torch.float32 and in_features % 8 == 0 and cpukernels.available():
+        names.append("stream")
+    return {n: KERNELS[n] for n in names}
+
+
+def _choose(med: dict[int, dict[str, float]]) -> Plan:
+    """The plan from median seconds per row count and kernel: the primary layout is the one whose kernels come
+    closest to the fastest over all row counts; then per row count the best kernel if it beats the layout's own
+    F.linear by MARGIN (on either layout: the caller drops the copy if memory says so)."""
+
+    def gap(layout: str) -> float:
+        return sum(
+            min(t for k, t in m.items() if KERNELS[k][1] == layout) / min(m.values()) for m in med.values()
+        )
+
+    layout = min(("col", "row"), key=gap)
+    kernel_of = {}
+    for n, m in med.items():
+        best = min(m, key=m.get)
+        if best != DEFAULT[layout] and m[best] < (1.0 - MARGIN) * m[DEFAULT[layout]]:
+            kernel_of[n] = best
+    return Plan(layout, kernel_of)
+
+
 @torch.no_grad()
-def measure_shape(in_features: int, out_features: int, dtype: torch.dtype) -> frozenset[int]:
-    """Row counts (of ROWS) where row-major [out, in] beats column-major for x @ W.T on this CPU by MARGIN."""
+def measure_shape(in_features: int, out_features: int, dtype: torch.dtype) -> Plan:
+    """The measured plan of a weight shape on this CPU (cached per process)."""
     key = (in_features, out_features, dtype)
     if key not in _DECISIONS:
         row_bytes = in_features * torch.finfo(dtype).bits // 8
         # a huge head (a 128k-token vocabulary): time a slice of it
         out_rows = max(1, min(out_features, 2 * _STREAM_BYTES // row_bytes))
         copies = max(1, min(64, _STREAM_BYTES // (out_rows * row_bytes)))
-        row = [torch.randn(out_rows, in_features).to(dtype) for _ in range(copies)]
-        col = [w.t().contiguous().t() for w in row]
-        faster = set()
+        weights = {"row": [torch.randn(out_rows, in_features).to(dtype) for _ in range(copies)]}
+        weights["col"] = [w.t().contiguous().t() for w in weights["row"]]
+        kernels = _candidates(dtype, in_features)
+        med = {}
         for n in ROWS:
             x = torch.randn(n, in_features).to(dtype)
-            _time(x, row), _time(x, col)  # warm-up
-            # interleaved, so a drift of the machine's speed hits both layouts
-            ratios = sorted(_time(x, row) / _time(x, col) for _ in range(REPS))
-            if ratios[REPS // 2] < 1.0 - MARGIN:
-                faster.add(n)
-        _DECISIONS[key] = frozenset(faster)
+            # past 8 rows the product is compute-bound: fewer copies keep the timing short without changing it
+            part = {c: ws[: max(1, len(ws) * 8 // n)] if n > 8 else ws for c, ws in weights.items()}
+            usable = {k: v for k, v in kernels.items() if k != "stream" or n <= cpukernels.MAX_ROWS}
+            for fn, layout in usable.values():  # warm-up
+                _time(fn, x, part[layout])
+            # interleaved, so a drift of the machine's speed hits every kernel alike
+            runs = {name: [] for name in usable}
+            for _ in range(REPS):
+                for name, (fn, layout) in usable.items():
+                    runs[name].append(_time(fn, x, part[layout]))
+            med[n] = {name: sorted(v)[REPS // 2] for name, v in runs.items()}
+        _DECISIONS[key] = _choose(med)
     return _DECISIONS[key]
 
 
@@ -101,9 +199,10 @@ def enabled() -> bool:
 
 @torch.no_grad()
 def tune_linears(model: nn.Module | None, max_extra_bytes: int = 2 << 30) -> dict:
-    """Re-lay the frozen CPU Linears of `model` out for small-row products (see the module doc). Idempotent.
-    Returns a summary: linears changed, how many keep a row-major copy, the extra MiB, the row counts per shape."""
-    summary = {"tuned": 0, "dual": 0, "extra_mib": 0.0, "row_major_rows": {}}
+    """Give the frozen CPU Linears of `model` the measured layout and kernels for small-row products (see the module
+    doc). Idempotent. Returns a summary: Linears changed, how many were re-laid out column-major, how many keep a
+    copy in the other layout, the extra MiB, and per shape its layout and the row counts of each kernel it runs."""
+    summary = {"tuned": 0, "column_major": 0, "dual": 0, "extra_mib": 0.0, "kernels": {}}
     if model is None or not enabled():
         return summary
     linears = [
@@ -121,25 +220,37 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int = 2 << 30) -> dic
     for m in linears:
         o, i = m.weight.shape
         plans[m] = measure_shape(i, o, m.weight.dtype)
-        summary["row_major_rows"][f"{i}x{o}"] = sorted(plans[m])
-    extra = sum(m.weight.numel() * m.weight.element_size() for m in linears if 0 < len(plans[m]) < len(ROWS))
-    keep_rows = extra <= max_extra_bytes
+    extra = sum(m.weight.numel() * m.weight.element_size() for m in linears if plans[m].needs_copy)
+    if extra > max_extra_bytes:  # no room for both layouts: every Linear keeps one
+        plans = {m: p.without_copy() for m, p in plans.items()}
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))  # > 1: a tied weight
     for m in linears:
-        rows = plans[m]
-        if len(rows) == len(ROWS):
-            continue  # row-major wins everywhere: leave it
+        plan = plans[m]
+        o, i = m.weight.shape
+        summary["kernels"][f"{i}x{o}"] = {
+            "layout": plan.layout,
+            **{
+                k: sorted(r for r, v in plan.kernel_of.items() if v == k)
+                for k in KERNELS
+                if k in plan.kernel_of.values()
+            },
+        }
+        if plan.layout == "row" and not plan.kernel_of:
+            continue  # nn.Linear's own layout and kernel win everywhere: leave it
         old = m.weight
         tied = uses[id(old)] > 1
-        if rows and not keep_rows and len(rows) * 2 > len(ROWS):
-            continue  # no room for both layouts and row-major wins most counts
-        m.weight = nn.Parameter(old.detach().t().contiguous().t(), requires_grad=False)
+        if plan.layout == "col":
+            m.weight = nn.Parameter(old.detach().t().contiguous().t(), requires_grad=False)
+            summary["column_major"] += 1
         m.__class__ = TunedLinear
-        m.row_major_rows = rows if keep_rows else frozenset()
-        if m.row_major_rows:
-            m.register_buffer("row_major", old.detach(), persistent=False)
+        m.plan = plan
+        if plan.needs_copy:
+            other = old.detach() if plan.layout == "col" else old.detach().t().contiguous().t()
+            m.register_buffer("other_layout", other, persistent=False)
             summary["dual"] += 1
-        if m.row_major_rows or tied:  # the old tensor stays alive: as the row copy, or as the tied embedding
+        if plan.needs_copy or (
+            tied and plan.layout == "col"
+        ):  # a second tensor: the copy, or the tied embedding
             summary["extra_mib"] += old.numel() * old.element_size() / 2**20
         summary["tuned"] += 1
     summary["extra_mib"] = round(summary["extra_mib"], 1)
@@ -150,8 +261,10 @@ def describe(summary: dict) -> str:
     """One line for a tune_linears summary (eval.json conditions, benchmark logs)."""
     if not summary or not summary["tuned"]:
         return "nn.Linear (unchanged)"
-    rows = sorted({r for v in summary["row_major_rows"].values() for r in v})
+    kernels = sorted({k for v in summary["kernels"].values() for k in v if k != "layout"})
+    per_kernel = {k: sorted({r for v in summary["kernels"].values() for r in v.get(k, [])}) for k in kernels}
+    others = "; ".join(f"{k} for {rows} rows" for k, rows in per_kernel.items())
     return (
-        f"{summary['tuned']} Linears column-major; row-major copy for {rows} rows in {summary['dual']} "
-        f"(+{summary['extra_mib']} MiB)"
+        f"{summary['tuned']} Linears tuned, {summary['column_major']} column-major{'; ' + others if others else ''}; "
+        f"a copy in the other layout in {summary['dual']} (+{summary['extra_mib']} MiB)"
     )

@@ -51,9 +51,13 @@ def launched_engine() -> str:
 
 
 def engine_name(accelerator) -> str:
-    """ "single", "ddp", "fsdp" or "zero<stage>" for a built Accelerator (what RESULTS.md and logs call it)."""
+    """ "single", "ddp", "fsdp" or "zero<stage>" for a built Accelerator (what RESULTS.md and logs call it); an
+    engine object that is not an Accelerator (draftsmith.lightning_engine) names itself in `engine_name`."""
     from accelerate.utils import DistributedType
 
+    named = getattr(accelerator, "engine_name", None)
+    if isinstance(named, str):
+        return named
     t = accelerator.distributed_type
     if t == DistributedType.FSDP:
         return "fsdp"
@@ -127,7 +131,8 @@ def _fsdp_on_cpu(kw: dict):
             "FSDP on a CPU needs fsdp_version: 2 in the accelerate config (torch's FSDP1 does not run on CPU)"
         )
     accelerator = Accelerator(cpu=True, fsdp_plugin=plugin, **kw)
-    if kw["mixed_precision"] != "no":  # what accelerate does for FSDP on a GPU: bf16/fp16 compute, fp32 masters
+    # what accelerate does for FSDP on a GPU: bf16/fp16 compute, fp32 masters
+    if kw["mixed_precision"] != "no":
         plugin.set_mixed_precision(kw["mixed_precision"])
     if accelerator.num_processes > 1:  # one process: nothing to shard, plain training is the same thing
         # both singletons carry distributed_type; accelerate reads it from either

@@ -35,6 +35,8 @@ class DataSources:
     """Prompt + response tokens per sequence (longer ones are cut); at most the target's context."""
     eval_size: int = 64
     """Examples held out from the first source for the acceptance eval (never trained on)."""
+    split_seed: int | None = None
+    """Seed of the held-out draw; null = train.seed. Set it to compare runs of other seeds on one held-out split."""
 
     RENAMED: ClassVar[dict[str, str]] = {
         "generated": "source",
@@ -47,9 +49,14 @@ class DataSources:
             raise DraftsmithError(f"data.max_length must be >= 2 (prompt + response), got {self.max_length}")
         if self.eval_size < 0:
             raise DraftsmithError(f"data.eval_size must be >= 0, got {self.eval_size}")
+        if self.split_seed is not None and self.split_seed < 0:
+            raise DraftsmithError(f"data.split_seed must be >= 0 (null = train.seed), got {self.split_seed}")
         for lim in self.limit if isinstance(self.limit, list) else [self.limit]:
             if lim is not None and lim < 1:
                 raise DraftsmithError(f"data.limit must be >= 1 (null = all), got {lim}")
+
+    def held_out_seed(self, train_seed: int) -> int:
+        return train_seed if self.split_seed is None else self.split_seed
 
     @property
     def sources(self) -> list[str]:

@@ -17,10 +17,13 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from huggingface_hub import HfApi
 
+from draftsmith.checkpoint import EXPORT_MANIFEST, read_checkpoint
 from draftsmith.errors import DraftsmithError
 from draftsmith.modelcard import build_card, describe_folder, find_eval, find_run_yaml, load_eval
 
@@ -61,8 +64,13 @@ def stage(
     eval_json: str | os.PathLike | None,
     out: Path,
     require_results: bool = True,
+    kinds: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """Write into `out` exactly what would be uploaded; return the relative paths written."""
+    """Write into `out` exactly what would be uploaded; return the relative paths written. `kinds`: the drafter
+    table (draftsmith.app.drafters.DRAFTERS) a native folder is checked against first (its tensors match its kind's
+    layout); None leaves that check out."""
+    if kinds is not None and not (Path(checkpoint_dir).expanduser() / EXPORT_MANIFEST).is_file():
+        read_checkpoint(checkpoint_dir, kinds)
     info = describe_folder(checkpoint_dir)
     src: Path = info["path"]
     if str(info.get("format") or "").startswith("speculators"):
@@ -155,9 +163,12 @@ def push_to_hub(
     token: str | None = None,
     require_results: bool = True,
     commit_message: str | None = None,
+    kinds: Mapping[str, Any] | None = None,
 ) -> str:
     """Publish a checkpoint (or export) folder with a generated model card; returns the commit URL, or the
-    dry-run folder. `token=None` lets huggingface_hub find it (HF_TOKEN, login cache)."""
+    dry-run folder. `token=None` lets huggingface_hub find it (HF_TOKEN, login cache). `kinds`: the drafter table a
+    native folder's tensors are checked against before anything is staged (`draftsmith push` passes
+    draftsmith.app.drafters.DRAFTERS)."""
     check_repo_id(repo_id)
     if dry_run_dir is not None:
         dest = Path(dry_run_dir).expanduser()
@@ -167,7 +178,7 @@ def push_to_hub(
     try:
         staged = tmp / "repo"
         staged.mkdir()
-        files = stage(checkpoint_dir, repo_id, eval_json, staged, require_results)
+        files = stage(checkpoint_dir, repo_id, eval_json, staged, require_results, kinds)
         from huggingface_hub import get_token
 
         _scan_for_token(staged, token or get_token())

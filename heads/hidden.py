@@ -1,8 +1,9 @@
 """Target hidden states for head training: online, offline (cache written once) or hybrid (filled while training).
 
-What a head needs per token (and nothing else is stored):
+What a head needs per token (its kind's record says which aux states: Training.features; nothing else is stored):
   medusa, eagle : the final normed hidden state f_t                                   -> H values
   eagle3        : the three aux states (HF hidden_states[i], i in aux ids) + f_t        -> 4H values
+  (dflash and peagle read EAGLE-3's cache; earlyexit its exit layer's state + f_t    -> 2H values)
 The target's logits are NOT cached: logits over the draft vocabulary are F.linear(f_t, W_lm[vocab_ids]) --
 exact, and 4H fp16 values per token (4.6 KB on SmolLM2-135M, 32 KB on an 8B with H=4096) versus 2*V_d bytes for
 cached draft-vocab logits (64 KB at V_d=32k) or a lossy top-k. Recomputing them costs one [H, V_d] matmul per
@@ -31,17 +32,9 @@ from draftsmith.modeling import base_decoder
 HiddenMode = Literal["online", "offline", "hybrid"]
 
 
-def needed_layers(kind: str, num_layers: int, aux_layers: list[int] | None) -> tuple[list[int], bool]:
-    """(aux hidden_states indices, whether the final normed state is needed) for a head kind."""
-    if kind == "eagle3":
-        return list(aux_layers or []), True
-    return [], True
-
-
-def bytes_per_token(kind: str, hidden_size: int, dtype: torch.dtype = torch.float16) -> int:
-    """Disk bytes per training token of the cache (tensors only; ids live in the generated data)."""
-    n = {"eagle3": 4, "earlyexit": 2}.get(kind, 1) * hidden_size  # earlyexit: the exit layer's state + f_t
-    return n * torch.finfo(dtype).bits // 8
+def bytes_per_token(n_aux: int, hidden_size: int, dtype: torch.dtype = torch.float16) -> int:
+    """Disk bytes per training token of a cache of `n_aux` aux states + f_t (tensors only; ids live in the data)."""
+    return (1 + n_aux) * hidden_size * torch.finfo(dtype).bits // 8
 
 
 @torch.no_grad()
@@ -90,7 +83,7 @@ class HiddenStateCache:
             "aux_layers": spec.aux_layers,
             "hidden_size": spec.hidden_size,
             "dtype": spec.dtype,
-            "bytes_per_token": bytes_per_token(spec.kind, spec.hidden_size, self.dtype),
+            "bytes_per_token": bytes_per_token(len(spec.aux_layers), spec.hidden_size, self.dtype),
         }
         if target is not None:
             meta["target_fingerprint"] = target_fingerprint(target)
@@ -99,12 +92,13 @@ class HiddenStateCache:
         meta_file = self.path / "meta.json"
         if meta_file.is_file():
             old = json.loads(meta_file.read_text())
-            if old.get("kind") == "eagle3" and spec.kind != "eagle3":
-                # an EAGLE-3 cache holds the final state too: Medusa / EAGLE-1 runs reuse it (and keep it complete)
+            if old.get("kind") != spec.kind and set(spec.aux_layers) <= set(old.get("aux_layers") or []):
+                # a cache holding more aux states (EAGLE-3's) holds the final state too: Medusa / EAGLE-1 / early-exit
+                # runs reuse it (and keep it complete)
                 spec = self.spec = CacheSpec(
-                    "eagle3", list(old["aux_layers"]), spec.hidden_size, spec.dtype, spec.data
+                    old["kind"], list(old["aux_layers"]), spec.hidden_size, spec.dtype, spec.data
                 )
-                meta.update(kind="eagle3", aux_layers=spec.aux_layers)
+                meta.update(kind=spec.kind, aux_layers=spec.aux_layers)
             for key in (
                 "kind",
                 "aux_layers",
@@ -164,7 +158,7 @@ class HiddenStateCache:
     def get(self, example: int) -> dict[str, torch.Tensor]:
         from safetensors import safe_open
 
-        names = ["last", "aux"] if self.spec.kind in ("eagle3", "earlyexit") else ["last"]
+        names = ["last", "aux"] if self.spec.aux_layers else ["last"]
         if int(example) in self._buffered:  # written this epoch, not flushed to a shard yet
             return {n: self._buffer[f"{int(example)}.{n}"] for n in names}
         shard = self.index.get(int(example))
@@ -239,7 +233,7 @@ def build_cache(
 
     todo = [e for i, e in enumerate(examples) if i % world == rank and e["index"] not in cache]
     n_tok = sum(len(e["input_ids"]) for e in todo)
-    bpt = bytes_per_token(cache.spec.kind, cache.spec.hidden_size, cache.dtype)
+    bpt = bytes_per_token(len(cache.spec.aux_layers), cache.spec.hidden_size, cache.dtype)
     if rank == 0:
         print(
             f"hidden-state cache {cache.path}: {len(todo)} examples, {n_tok} tokens x {bpt} B/token = "

@@ -62,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             per_step[(name, d)].append(1000 * res.time_draft / max(len(res.accepted), 1))
             depth_used[(name, d)].append(max(res.proposed, default=0))
-    print(f"draft ms per step, {len(prompts)} prompts x {a.max_new_tokens} tokens, target {a.target}, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"draft ms per step, {len(prompts)} prompts x {a.max_new_tokens} tokens, target {a.target}, "
+        f"{torch.get_num_threads()} threads"
+    )
     print("| drafter | k | drafted depth | draft ms / step | vs EAGLE-3 chain, same depth |")
     print("|---|---|---|---|---|")
     for d in depths:

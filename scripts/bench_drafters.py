@@ -30,6 +30,7 @@ from draftsmith.app.evaluate import encode_prompts, run_conditions
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
 from draftsmith.decode.evaluate import NamedDrafter, measure
+from draftsmith.decode.flops import decode_flops
 from draftsmith.decode.report import plot_drafters
 from draftsmith.errors import DraftsmithError
 from draftsmith.evalsettings import EvalSettings
@@ -114,27 +115,33 @@ def parse_drafters(values: list[str]) -> list[tuple[str, str, int]]:
             raise DraftsmithError(
                 f"--drafter {d!r} must be NAME=SPEC@K (K >= 1, NAME not 'plain'), e.g. eagle3=eagle:DIR@6"
             )
-        validate_spec(spec)
+        validate_spec(spec, k=int(k))
         out.append((name, spec, int(k)))
     if len({n for n, _, _ in out}) != len(out):
         raise DraftsmithError("--drafter names must be unique")
     return out
 
 
-def bench(args: argparse.Namespace, specs: list[tuple[str, str, int]]) -> dict:
-    """Load, measure every drafter and plain decoding in one run, return bench.json."""
+def bench(
+    args: argparse.Namespace, specs: list[tuple[str, str, int]], target=None, tok=None, flops: bool = False
+) -> dict:
+    """Load (unless `target`/`tok` are given), measure every drafter and plain decoding in one run, return
+    bench.json. `flops`: also count each drafter's FLOPs per drafted token as a share of a plain step
+    (decode.flops, one short decode of the first prompt each), beside its measured time share."""
     settings = EvalSettings(
         max_new_tokens=args.max_new_tokens, limit=args.limit, k=max(k for _, _, k in specs)
     )
     prompts = load_prompts(args.prompts, limit=settings.limit)
-    tok = models.load_tokenizer(args.target)
-    target = models.load_model(args.target, dtype=args.dtype, inference=True)
+    tok = tok or models.load_tokenizer(args.target)
+    target = target or models.load_model(args.target, dtype=args.dtype, inference=True)
     ctx = DrafterContext(
         target=target, tokenizer=tok, device=next(target.parameters()).device, target_spec=args.target
     )
     drafters = [NamedDrafter(name, build_proposer(spec, ctx), k) for name, spec, k in specs]
     dec = SpeculativeDecoder(target, tok)
-    measured = measure(dec, drafters, prompts, encode_prompts(dec, tok, prompts, settings), settings)
+    encoded = encode_prompts(dec, tok, prompts, settings)
+    measured = measure(dec, drafters, prompts, encoded, settings)
+    arithmetic = {d.name: decode_flops(dec, d.proposer, encoded[0], k=d.k) for d in drafters} if flops else {}
     plain = measured["plain"]
     rows = {}
     for (name, spec, k), d in zip(specs, drafters):
@@ -148,6 +155,7 @@ def bench(args: argparse.Namespace, specs: list[tuple[str, str, int]]) -> dict:
                 key: r[key] for key in ("tau", "alpha_per_position", "speedup", "lossless", "lossless_detail")
             },
             "draft_cost_per_token": costs["draft_s"] / costs["step_s"] if costs else None,
+            "draft_flop_share": arithmetic[name]["flop_share"] if name in arithmetic else None,
             "verify_ms_per_step": 1e3 * verify_s if verify_s is not None else None,
             "extra_bytes": extra_bytes(d.proposer, target),
             "tau_by_group": tau_by_group(r["prompts"]),
@@ -174,15 +182,16 @@ def print_table(out: dict) -> None:
     c = next(iter(out["drafters"].values()))["conditions"]
     print(f"\nplain: {out['plain_tokens_per_s']:.1f} tokens/s, {out['plain_ms_per_step'] or float('nan'):.1f} ms per "
           f"target step ({c['n_prompts']} prompts, {c['hardware']})")  # fmt: skip
-    print("| drafter | k | tau | tau chat / humaneval | alpha per position | draft cost / target step | verify ms/step | "
-          "speedup | extra MB | lossless |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| drafter | k | tau | tau chat / humaneval | alpha per position | draft cost / target step | its FLOP share | "
+          "verify ms/step | speedup | extra MB | lossless |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for m, r in out["drafters"].items():
         alpha = " ".join("-" if a is None else f"{a:.2f}" for a in r["alpha_per_position"])
         groups = " / ".join(f"{t:.2f}" for t in r["tau_by_group"].values())
         cost = "-" if r["draft_cost_per_token"] is None else f"{r['draft_cost_per_token']:.3f}"
         verify = "-" if r["verify_ms_per_step"] is None else f"{r['verify_ms_per_step']:.1f}"
-        print(f"| {m} | {r['k']} | {r['tau']:.2f} | {groups} | {alpha} | {cost} | {verify} | {r['speedup']:.2f}x | "
+        share = "-" if r.get("draft_flop_share") is None else f"{r['draft_flop_share']:.3f}"
+        print(f"| {m} | {r['k']} | {r['tau']:.2f} | {groups} | {alpha} | {cost} | {share} | {verify} | {r['speedup']:.2f}x | "
               f"{r['extra_bytes'] / 2**20:.1f} | {r['lossless']} |")  # fmt: skip
 
 
@@ -196,13 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/bench_drafters")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--profiles-out", default=None, help="also write one costbench profile per drafter here")
+    ap.add_argument(
+        "--flops", action="store_true", help="also report each drafter's FLOP share of a target step"
+    )
     args = ap.parse_args(argv)
     try:  # before anything loads: bad input fails now, not after the benchmark
         check_output_dir(args.out, BENCH_FILES, overwrite=True)
         if args.profiles_out:
             check_output_dir(args.profiles_out)
         specs = parse_drafters(args.drafter)
-        out = bench(args, specs)
+        out = bench(args, specs, flops=args.flops)
     except DraftsmithError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

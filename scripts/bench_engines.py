@@ -1,13 +1,17 @@
 """Engines x trainers on 2 CPU processes: does each run, resume, match a 1-process run, and write a loadable
-final/? Then training tokens/s per engine on the embedded target, 2 processes as a ratio to 1 process.
+final/? Then training tokens/s per engine on the embedded target, 2 processes as a ratio to 1 process, and the
+Lightning engine's tokens/s as a ratio to accelerate's on the same runs.
 
-    flock /tmp/coord/heavy.lock .venv/bin/python scripts/bench_engines.py [--part matrix|speed|both] [--steps 8]
+    flock /tmp/coord/heavy.lock .venv/bin/python scripts/bench_engines.py [--part matrix|speed|lightning|all] [--steps 8]
+    .venv/bin/python scripts/bench_engines.py --part lightning --tiny --steps 3    # a check that it runs (no timing)
 
-matrix: tiny random models (draftsmith.testing), 4 steps; the 2-process run stops at step 2 (checkpoint) and is
-resumed to step 4 with --resume; its per-step losses are compared with one process taking both batches of each
-step (grad_accum 2, same seed), rtol 1e-4 (see tests/test_engines.py for why). speed: smollm2-135m, distillation
-of a 4-layer shrunk draft on builtin:train-text, the same global batch in every run; one process gets 2 threads,
-two processes 1 thread each (the machine's 2 cores either way). Prints markdown tables.
+matrix: tiny random models (draftsmith.testing), 4 steps; the 2-process run (accelerate's engines and Lightning's
+DDP) stops at step 2 (checkpoint) and is resumed to step 4 with --resume; its per-step losses are compared with one
+process taking both batches of each step (grad_accum 2, same seed), rtol 1e-4 (see tests/test_engines.py for why).
+speed: smollm2-135m, distillation of a 4-layer shrunk draft on builtin:train-text, the same global batch in every
+run; one process gets 2 threads, two processes 1 thread each (the machine's 2 cores either way). lightning: the same
+run under `--engine lightning` and under accelerate, 1 process x 2 threads and 2 DDP processes x 1 thread.
+--tiny: the tiny random target instead of smollm2-135m (checks the script, times nothing). Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -31,17 +35,24 @@ CONFIGS = {
 }
 
 
+LIGHTNING = {"lightning": 1, "lightning-ddp": 2}  # engine name -> processes
+
+
 def launch(engine: str | None, script: str, args: list[str], threads: int) -> subprocess.CompletedProcess:
+    """One run: engine None = accelerate on one process, a CONFIGS key = `accelerate launch` with its config, a
+    LIGHTNING key = `--engine lightning` with that many processes."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": str(threads),
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
     }
-    pre = [sys.executable]
-    if engine is not None:
+    pre, post = [sys.executable], []
+    if engine in LIGHTNING:
+        post = ["--engine", "lightning", "--devices", str(LIGHTNING[engine])]
+    elif engine is not None:
         pre += ["-m", "accelerate.commands.launch", "--config_file", str(ACCEL / CONFIGS[engine])]
-    cmd = [*pre, str(ROOT / "train" / f"{script}.py"), "--no-progress", *args]
+    cmd = [*pre, str(ROOT / "train" / f"{script}.py"), "--no-progress", *args, *post]
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
 
@@ -113,7 +124,7 @@ def matrix(root: Path) -> list[str]:
         script, ref_args = trainer_args(trainer, target, gen, root / f"{trainer}-one", 4)
         ref = launch(None, script, ref_args + ["train.grad_accum=2"], 2)
         assert ref.returncode == 0, ref.stderr[-2000:]
-        for engine in CONFIGS:
+        for engine in (*CONFIGS, "lightning-ddp"):
             out = root / f"{trainer}-{engine}"
             _, args = trainer_args(trainer, target, gen, out, 4)
             first = launch(
@@ -141,11 +152,12 @@ def matrix(root: Path) -> list[str]:
     return rows
 
 
-def speed(root: Path, steps: int) -> list[str]:
+def speed_args(root: Path, steps: int, tiny: bool) -> list[str]:
+    """The timed distillation run (the same global batch of 8 sequences per optimizer step in every run)."""
     recipe = ROOT / "recipes" / "smollm2-135m-quickstart.yaml"
-    base = ["--config", str(recipe), "data.source=builtin:train-text", "data.limit=400", "data.eval_size=8"]
-    base += [
-        "data.max_length=128",
+    base = [
+        "--config",
+        str(recipe),
         "data.cache_target_topk=0",
         "train.batch_size=4",
         f"train.max_steps={steps}",
@@ -156,20 +168,37 @@ def speed(root: Path, steps: int) -> list[str]:
         "train.eval_every=0",
         "train.eval_before_training=false",
     ]
-    base += ["train.warmup_steps=0", "model.dtype=fp32", "train.mixed_precision=no", "model.vocab_size=8192"]
-    res = {}
-    for engine in (None, *CONFIGS):
-        name = engine or "1 process"
-        out = root / f"speed-{engine or 'one'}"
-        args = base + [f"output_dir={out}", f"train.grad_accum={2 if engine is None else 1}"]
-        proc = launch(engine, "distill", args, 2 if engine is None else 1)
-        ev = [e for e in events(out) if e["event"] == "train" and e["step"] > 1]  # step 1 warms up
-        res[name] = (
-            sum(e["n_tokens"] for e in ev) / sum(e["elapsed_s"] for e in ev)
-            if ev and proc.returncode == 0
-            else None
+    base += ["train.warmup_steps=0", "model.dtype=fp32", "train.mixed_precision=no"]
+    if tiny:
+        target, gen = tiny_data(root / "tiny")
+        return base + [f"model.target={target}", f"data.source={gen}", "data.limit=null", "data.eval_size=2",
+                       "data.max_length=48", "model.layers=[0]", "model.vocab_size=64"]  # fmt: skip
+    return base + ["data.source=builtin:train-text", "data.limit=400", "data.eval_size=8", "data.max_length=128",
+                   "model.vocab_size=8192"]  # fmt: skip
+
+
+def tokens_per_s(engine: str | None, args: list[str], out: Path, procs: int) -> float | None:
+    """Training tokens/s of one run (steps 2.. timed: step 1 warms up); 2 threads per run on the 2-core machine."""
+    args = args + [f"output_dir={out}", f"train.grad_accum={2 // procs}"]
+    proc = launch(engine, "distill", args, 2 // procs)
+    ev = [e for e in events(out) if e["event"] == "train" and e["step"] > 1]
+    tps = (
+        sum(e["n_tokens"] for e in ev) / sum(e["elapsed_s"] for e in ev)
+        if ev and proc.returncode == 0
+        else None
+    )
+    print(engine or "1 process", tps, "" if proc.returncode == 0 else proc.stderr[-500:], flush=True)
+    return tps
+
+
+def speed(root: Path, steps: int, tiny: bool = False) -> list[str]:
+    base = speed_args(root, steps, tiny)
+    res = {
+        engine or "1 process": tokens_per_s(
+            engine, base, root / f"speed-{engine or 'one'}", 1 if engine is None else 2
         )
-        print(name, res[name], "" if proc.returncode == 0 else proc.stderr[-500:], flush=True)
+        for engine in (None, *CONFIGS)
+    }
     one = res["1 process"]
     rows = ["| engine | processes x threads | train tokens/s | ratio to 1 process |", "|---|---|---|---|"]
     for name, tps in res.items():
@@ -179,17 +208,34 @@ def speed(root: Path, steps: int) -> list[str]:
     return rows
 
 
+def lightning_speed(root: Path, steps: int, tiny: bool = False) -> list[str]:
+    """Lightning vs accelerate on the same run: one process, and DDP on two."""
+    base = speed_args(root, steps, tiny)
+    rows = ["| processes x threads | accelerate tokens/s | lightning tokens/s | lightning / accelerate |"]
+    rows.append("|---|---|---|---|")
+    for procs, (acc, lit) in ((1, (None, "lightning")), (2, ("ddp", "lightning-ddp"))):
+        a = tokens_per_s(acc, base, root / f"lspeed-acc-{procs}", procs)
+        b = tokens_per_s(lit, base, root / f"lspeed-lit-{procs}", procs)
+        ratio = f"{b / a:.2f}x" if a and b else "-"
+        rows.append(f"| {procs} x {2 // procs} | {a or 0:.0f} | {b or 0:.0f} | {ratio} |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=["matrix", "speed", "both"], default="both")
+    ap.add_argument("--part", choices=["matrix", "speed", "lightning", "all"], default="all")
     ap.add_argument(
         "--steps", type=int, default=8, help="speed: optimizer steps per run (the first is not timed)"
     )
+    ap.add_argument("--tiny", action="store_true", help="speed parts on the tiny random target (no timing)")
     a = ap.parse_args()
+    (ROOT / "runs").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=ROOT / "runs") as tmp:
-        if a.part in ("speed", "both"):
-            print("\n".join(speed(Path(tmp), a.steps)), flush=True)
-        if a.part in ("matrix", "both"):
+        if a.part in ("speed", "all"):
+            print("\n".join(speed(Path(tmp), a.steps, a.tiny)), flush=True)
+        if a.part in ("lightning", "all"):
+            print("\n".join(lightning_speed(Path(tmp), a.steps, a.tiny)), flush=True)
+        if a.part in ("matrix", "all"):
             print("\n".join(matrix(Path(tmp))))
 
 

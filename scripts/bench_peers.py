@@ -40,7 +40,62 @@ class _AssistantConfigNotice(logging.Filter):
         return "Passing `generation_config` together with generation-related" not in record.getMessage()
 
 
-def main() -> None:
+def hf_methods(target, tok, dec: SpeculativeDecoder, draft, max_new_tokens: int, pld_tokens: int) -> dict:
+    """transformers' own greedy decoding of `target`: plain `generate`, `generate(assistant_model=draft)` and
+    `generate(prompt_lookup_num_tokens=pld_tokens)`, each a function ids [1, T] -> new token ids."""
+    gen_kw = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=sorted(dec.eos_ids),
+        pad_token_id=tok.pad_token_id,
+    )
+
+    def hf(**kw):
+        def run(ids):
+            with torch.inference_mode():
+                out = target.generate(ids, attention_mask=torch.ones_like(ids), **gen_kw, **kw)
+            return out[0, ids.shape[1] :].tolist()
+
+        return run
+
+    logging.getLogger("transformers.generation.utils").addFilter(_AssistantConfigNotice())
+    return {
+        "hf_plain": hf(),
+        "hf_assistant": hf(assistant_model=draft),
+        "hf_prompt_lookup": hf(prompt_lookup_num_tokens=pld_tokens),
+    }
+
+
+def run_interleaved(methods: dict, encoded: list[torch.Tensor], target, dev) -> tuple[dict, dict, dict, dict]:
+    """Every method on every prompt, in an order rotated per prompt; prompt 0 is a warm-up (not counted). Returns
+    per method: new tokens, seconds, prompts whose output equals the first method's (the reference), and how many
+    of the others differ only after a near-tie of the target (decode.evaluate.divergence)."""
+    names = list(methods)
+    tokens, seconds = dict.fromkeys(names, 0), dict.fromkeys(names, 0.0)
+    same, ties = dict.fromkeys(names, 0), dict.fromkeys(names, 0)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for i, ids in enumerate(encoded):
+        outs = {}
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            sync()
+            t0 = time.perf_counter()
+            outs[name] = methods[name](ids)
+            sync()
+            if i > 0:
+                seconds[name] += time.perf_counter() - t0
+                tokens[name] += len(outs[name])
+        if i > 0:
+            ref = outs[names[0]]
+            for name in names:
+                if outs[name] == ref:
+                    same[name] += 1
+                else:
+                    ties[name] += divergence(target, ids, ref, outs[name])["near_tie"]
+        print(f"prompt {i}{' (warm-up)' if i == 0 else ''}: {len(outs[names[0]])} tokens", flush=True)
+    return tokens, seconds, same, ties
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default=None, help="draft model (default: shrunken copy of the target)")
@@ -66,14 +121,14 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args()
-    logging.getLogger("transformers.generation.utils").addFilter(_AssistantConfigNotice())
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     dev = torch.device(args.device) if args.device else models.default_device()
     tok = models.load_tokenizer(args.target)
-    target = models.load_model(args.target, dtype=args.dtype, device=dev)
+    # both decoders run the same target object, with the CPU kernels draftsmith picks for it (cpulayout)
+    target = models.load_model(args.target, dtype=args.dtype, device=dev, inference=True)
     tmp = None
     if args.draft is None:
         tmp = tempfile.TemporaryDirectory(prefix="draftsmith-bench-draft-")
@@ -85,7 +140,7 @@ def main() -> None:
         print(f"draft: shrunken copy of the target, layers [0, {n - 1}] (untrained)")
     else:
         draft_spec = args.draft
-    draft = models.load_model(draft_spec, dtype=args.dtype, device=dev)
+    draft = models.load_model(draft_spec, dtype=args.dtype, device=dev, inference=True)
     # the draft as draftsmith trained it: its reduced output vocabulary, when it has one (transformers'
     # assistant_model can only use the full lm_head of the same folder)
     vocab_ids = load_draft_vocab(draft_spec) if Path(draft_spec).is_dir() else None
@@ -100,59 +155,20 @@ def main() -> None:
     encoded = [torch.tensor([prompt_ids(tok, p)], device=dev) for p in prompts]
 
     dec = SpeculativeDecoder(target, tok)
-    eos = sorted(dec.eos_ids)
-    mx = args.max_new_tokens
     ngram_max, ngram_min = (int(x) for x in args.ngram.split(","))
-    ngram_k = args.ngram_k or args.pld_tokens
-    gen_kw = dict(max_new_tokens=mx, do_sample=False, eos_token_id=eos, pad_token_id=tok.pad_token_id)
-
-    def hf(**kw):
-        def run(ids):
-            with torch.inference_mode():
-                return target.generate(ids, attention_mask=torch.ones_like(ids), **gen_kw, **kw)[
-                    0, ids.shape[1] :
-                ].tolist()
-
-        return run
+    methods = hf_methods(target, tok, dec, draft, args.max_new_tokens, args.pld_tokens)
 
     def ds(proposer, k):
-        return lambda ids: dec.generate(ids, proposer, k=k, max_new_tokens=mx).tokens
+        return lambda ids: dec.generate(ids, proposer, k=k, max_new_tokens=args.max_new_tokens).tokens
 
-    methods = {
-        "hf_plain": hf(),
-        "hf_assistant": hf(assistant_model=draft),
-        "hf_prompt_lookup": hf(prompt_lookup_num_tokens=args.pld_tokens),
-        "ds_plain": ds(None, 1),
-        "ds_draft": ds(
-            DraftModelProposer(draft, target.config.vocab_size, vocab_ids, args.stop_below), args.k
-        ),
-        "ds_ngram": ds(NGramProposer(ngram_max, ngram_min), ngram_k),
-    }
+    methods.update(
+        ds_plain=ds(None, 1),
+        ds_draft=ds(DraftModelProposer(draft, target.config.vocab_size, vocab_ids, args.stop_below), args.k),
+        ds_ngram=ds(NGramProposer(ngram_max, ngram_min), args.ngram_k or args.pld_tokens),
+    )
     names = list(methods)
-    tokens = dict.fromkeys(names, 0)
-    seconds = dict.fromkeys(names, 0.0)
-    same = dict.fromkeys(names, 0)
-    ties = dict.fromkeys(names, 0)  # differs from hf_plain only after a bf16/fp16 near-tie of the target
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    for i, ids in enumerate(encoded):
-        order = names[i % len(names) :] + names[: i % len(names)]  # rotate who runs first
-        outs = {}
-        for name in order:
-            sync()
-            t0 = time.perf_counter()
-            outs[name] = methods[name](ids)
-            sync()
-            if i > 0:  # prompt 0 is the warm-up
-                seconds[name] += time.perf_counter() - t0
-                tokens[name] += len(outs[name])
-        if i > 0:
-            for name in names:
-                if outs[name] == outs["hf_plain"]:
-                    same[name] += 1
-                else:
-                    ties[name] += divergence(target, ids, outs["hf_plain"], outs[name])["near_tie"]
-        print(f"prompt {i}{' (warm-up)' if i == 0 else ''}: {len(outs['hf_plain'])} tokens", flush=True)
-
+    tokens, seconds, same, ties = run_interleaved(methods, encoded, target, dev)
+    mx, ngram_k = args.max_new_tokens, args.ngram_k or args.pld_tokens
     tps = {n: tokens[n] / seconds[n] for n in names}
     n_timed = len(encoded) - 1
     print(

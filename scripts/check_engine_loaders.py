@@ -5,8 +5,9 @@ Two halves, run by scripts/check_engine_loaders.sh (which also builds the side v
     .venv/bin/python scripts/check_engine_loaders.py export DIR       # draftsmith venv: tiny target + drafters
     /tmp/specvenv/bin/python scripts/check_engine_loaders.py load DIR  # side venv with speculators, no draftsmith
 
-`export` saves a tiny 4-layer Llama target, a reduced-vocab DFlash drafter, a full-vocab (frozen head) DFlash
-drafter and a P-EAGLE head, exports them (speculators-dflash, sglang-dflash, speculators-peagle) and records
+`export` saves, for each tiny architecture (DIR/llama, DIR/qwen2: q/k/v biases, tied embeddings, padded
+vocabulary), a 4-layer target, a reduced-vocab DFlash drafter, a full-vocab (frozen head) DFlash drafter and a
+P-EAGLE head, exports them (speculators-dflash, sglang-dflash, speculators-peagle) and records
 draftsmith's own DFlash logits for fixed inputs. `load` opens each speculators folder with
 `SpeculatorModel.from_pretrained` (the path vLLM's speculators support documents), checks that every exported
 tensor arrives unchanged, that nothing is left NaN, that the config fields mean what draftsmith meant (block size,
@@ -25,20 +26,29 @@ AUX_PEAGLE = [1, 2, 3]
 BLOCK, MASK, DEPTHS, CTX = 4, 3, 3, 6
 
 
+ARCHS = ("llama", "qwen2")
+
+
 def export(root: Path) -> None:
+    for arch in ARCHS:
+        _export_arch(root / arch, arch)
+
+
+def _export_arch(root: Path, arch: str) -> None:
     import torch
     from safetensors.torch import save_file
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from draftsmith.app.export import export as ds_export
     from draftsmith.heads import save_head
-    from draftsmith.heads.dflash import DFlashDrafter, rope
-    from draftsmith.heads.eagle import EagleHead
-    from draftsmith.heads.peagle import PEagleHead
+    from draftsmith.heads.block.dflash import DFlashDrafter
+    from draftsmith.heads.block.peagle import PEagleHead
+    from draftsmith.heads.eagle.model import EagleHead
+    from draftsmith.heads.layers import rope_cos_sin as rope
     from draftsmith.testing import save_tiny
 
-    save_tiny(root / "target", seed=0, num_hidden_layers=4)
-    target = LlamaForCausalLM.from_pretrained(
+    save_tiny(root / "target", seed=0, arch=arch, num_hidden_layers=4)
+    target = AutoModelForCausalLM.from_pretrained(
         root / "target"
     ).eval()  # recorded with its folder: the verifier
     v = target.config.vocab_size
@@ -127,13 +137,23 @@ def load(root: Path) -> int:
     from importlib.metadata import version
 
     import torch
-    from safetensors.torch import load_file
-    from speculators import SpeculatorModel
-    from speculators.models import DFlashDraftModel, PEagleDraftModel
 
     print(
         f"speculators {version('speculators')}, transformers {version('transformers')}, torch {torch.__version__}"
     )
+    failures = []
+    for arch in ARCHS:
+        print(f"-- {arch} target")
+        failures += _load_arch(root / arch)
+    print("ALL LOADED AND MATCHED" if not failures else f"{len(failures)} PROBLEM(S)")
+    return 1 if failures else 0
+
+
+def _load_arch(root: Path) -> list[str]:
+    from safetensors.torch import load_file
+    from speculators import SpeculatorModel
+    from speculators.models import DFlashDraftModel, PEagleDraftModel
+
     failures = []
     n_target = json.loads((root / "target" / "config.json").read_text())["num_hidden_layers"]
 
@@ -201,8 +221,7 @@ def load(root: Path) -> int:
             f"mask {c.mask_token_id}, depths {depths}: " + ("OK" if not probs else "; ".join(probs))
         )
         failures += probs
-    print("ALL LOADED AND MATCHED" if not failures else f"{len(failures)} PROBLEM(S)")
-    return 1 if failures else 0
+    return failures
 
 
 if __name__ == "__main__":

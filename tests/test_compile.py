@@ -18,7 +18,7 @@ PROMPTS = [
 
 def _tree_proposer(target):
     from draftsmith.heads import EagleHead
-    from draftsmith.heads.proposers import EagleProposer
+    from draftsmith.heads.eagle.proposer import EagleProposer
 
     torch.manual_seed(0)
     head = EagleHead.from_target(

@@ -159,7 +159,9 @@ def test_one_tau_formula_chain_tree_and_text_agree():
     assert acceptance.tau_from_conditional(a) == pytest.approx(1 + 0.9 + 0.45 + 0.1125)
     assert acceptance.tau_from_conditional([0.6] * 4) == pytest.approx(acceptance.tau_iid(0.6, 4))
     # a tree with a second candidate at depth 1: adds P(rank-1 accepted) = 0.05
-    assert acceptance.tau_tree([(0,), (1,), (0, 0)], [[0.9, 0.05], [0.5]]) == pytest.approx(1 + 0.9 + 0.05 + 0.45)
+    assert acceptance.tau_tree([(0,), (1,), (0, 0)], [[0.9, 0.05], [0.5]]) == pytest.approx(
+        1 + 0.9 + 0.05 + 0.45
+    )
     # along teacher-forced text: tau_t(k) is the chain formula over the acceptances from t on, within a sequence
     acc = torch.tensor([0.9, 0.5, 0.25, 1.0, 0.8])
     seg = torch.tensor([0, 0, 0, 1, 1])
@@ -178,7 +180,9 @@ def test_data_sections_share_one_shape_and_name_renamed_keys():
 
     for cls in (DistillConfig, HeadsConfig):
         cfg = load_config(cls, None, ["data.source=[a, b]", "data.limit=[null, 5]", "data.eval_size=3"])
-        assert isinstance(cfg.data, DataSources) and cfg.data.sources == ["a", "b"] and cfg.data.eval_size == 3
+        assert (
+            isinstance(cfg.data, DataSources) and cfg.data.sources == ["a", "b"] and cfg.data.eval_size == 3
+        )
         with pytest.raises(DraftsmithError, match="data.generated is now data.source"):
             load_config(cls, None, ["data.generated=a"])
         with pytest.raises(DraftsmithError, match="data.limit must be >= 1"):
@@ -200,3 +204,12 @@ def test_split_heldout_draws_from_the_first_source_only():
     assert split_heldout(exs, 3, seed=1) == (train, held)  # deterministic
     with pytest.raises(DraftsmithError, match="cannot hold out"):
         split_heldout(exs, 7)
+
+
+def test_split_seed_fixes_the_held_out_draw_across_training_seeds():
+    from draftsmith.examples import DataSources
+
+    assert DataSources().held_out_seed(3) == 3  # null: the training seed, as before
+    assert DataSources(split_seed=0).held_out_seed(3) == DataSources(split_seed=0).held_out_seed(4) == 0
+    with pytest.raises(DraftsmithError, match="data.split_seed must be >= 0"):
+        DataSources(split_seed=-1)

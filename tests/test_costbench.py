@@ -64,7 +64,7 @@ def test_costbench_measures_every_part(tiny_run):
     assert res["drafters"]["draft@k=4"]["nodes"] == 4  # a chain of k
     assert res["drafters"]["ngram@k=4"]["nodes"] == 4  # the repeating context: lookups hit
     assert res["drafters"]["eagle3,depth=3,top_k=2,total_tokens=6@k=3"]["nodes"] == 6  # the profile's tree
-    assert res["drafters"]["eagle3@k=4"]["nodes"] == costbench.EAGLE_DEFAULTS["total_tokens"]
+    assert res["drafters"]["eagle3@k=4"]["nodes"] == 24  # EagleProposer's total_tokens
     # block drafters (one forward per draft) at the profiles' settings: a top-2 tree of 6 nodes, a chain of 3
     assert res["drafters"]["dflash,top_k=2,total_tokens=6@k=3"]["nodes"] == 6
     assert res["drafters"]["peagle,depth=3@k=3"]["nodes"] == 3

@@ -5,10 +5,11 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from draftsmith import cpulayout
-from draftsmith.cpulayout import ROWS, TunedLinear, measure_shape, tune_linears
+from draftsmith import cpukernels, cpulayout
+from draftsmith.cpulayout import ROWS, Plan, TunedLinear, measure_shape, tune_linears
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
 from draftsmith.errors import DraftsmithError
@@ -19,10 +20,12 @@ PROMPT = torch.tensor([[1, 40, 50, 60, 70, 80, 40, 50, 60, 90, 40, 50]])
 
 @pytest.fixture
 def forced(monkeypatch):
-    """Make every shape's measurement say: row-major wins for 2 and 3 rows (as measured on AVX-512 Xeons)."""
+    """Make every shape's measurement say: row-major wins for 2 and 3 rows (as measured on AVX-512 Xeons), oneDNN
+    for 6 and 8 (as on AMD CPUs without AVX-512), column-major elsewhere."""
     decisions = {}
     monkeypatch.setattr(cpulayout, "_DECISIONS", decisions)
-    monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: frozenset({2, 3}))
+    plan = Plan("col", {2: "row", 3: "row", 6: "onednn", 8: "onednn"})
+    monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: plan)
     return decisions
 
 
@@ -33,7 +36,7 @@ def test_outputs_state_dict_and_ties_are_unchanged(forced):
     tuned = copy.deepcopy(base)
     summary = tune_linears(tuned)
     n_linear = sum(type(m) is nn.Linear for m in base.modules())
-    assert summary["tuned"] == n_linear == summary["dual"]
+    assert summary["tuned"] == n_linear == summary["dual"] == summary["column_major"]
     assert all(type(m) is not nn.Linear for m in tuned.modules())
     assert tuned.lm_head.weight.stride() == (1, tuned.lm_head.weight.shape[0])  # column-major
     assert tuned.model.embed_tokens.weight.is_contiguous()  # the embedding keeps its own row-major weight
@@ -52,21 +55,38 @@ def test_dispatch_uses_the_row_major_copy_exactly_for_its_row_counts(forced):
     holder = nn.Sequential(lin)
     tune_linears(holder)
     assert isinstance(lin, TunedLinear) and lin.row_major_rows == {2, 3}
-    lin.row_major.zero_()  # poison the copy: only forwards that read it change
+    lin.other_layout.zero_()  # poison the copy: only forwards that read it change
     for rows, reads_copy in (
         (1, False),
         (2, True),
         (3, True),
         (4, False),
         (5, False),
+        (6, False),
         (12, False),
         (20, False),
+        (200, False),
     ):
         out = lin(torch.randn(rows, 32))
         assert torch.equal(out, lin.bias.expand_as(out)) == reads_copy, rows
     lin.weight.requires_grad_(True)  # a weight that trains again never reads the (now stale) copy
     out = lin(torch.randn(2, 32))
     assert not torch.equal(out, lin.bias.expand_as(out))
+
+
+def test_dispatch_runs_onednn_exactly_for_its_row_counts(forced, monkeypatch):
+    calls = []
+    real, layout = cpulayout.KERNELS["onednn"]
+    monkeypatch.setitem(
+        cpulayout.KERNELS, "onednn", (lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b), layout)
+    )
+    base = nn.Linear(32, 16).requires_grad_(False)
+    lin = copy.deepcopy(base)
+    tune_linears(nn.Sequential(lin))
+    for rows in (1, 2, 4, 5, 6, 7, 8, 11, 12, 40):
+        x = torch.randn(rows, 32)
+        torch.testing.assert_close(lin(x), base(x), rtol=1e-5, atol=1e-5)
+    assert calls == [6, 7, 8, 11]  # buckets 6 and 8 (6-7, 8-11); 12 and up are column-major again
 
 
 def test_skips_trainable_and_respects_the_off_switch(forced, monkeypatch):
@@ -85,14 +105,64 @@ def test_no_room_for_both_layouts_keeps_one(forced):
     model = nn.Sequential(nn.Linear(64, 64).requires_grad_(False))
     summary = tune_linears(model, max_extra_bytes=0)
     assert summary["dual"] == 0 and summary["extra_mib"] == 0
-    assert isinstance(model[0], TunedLinear) and not model[0].row_major_rows  # col-major wins 6 of 8 counts
+    assert (
+        isinstance(model[0], TunedLinear) and not model[0].row_major_rows
+    )  # row-major wins only 2 of 10 counts
+    assert model[0].kernel_of == {6: "onednn", 8: "onednn"}  # the kernels that need no copy stay
 
 
 def test_measurement_is_real_and_cached(monkeypatch):
     monkeypatch.setattr(cpulayout, "_DECISIONS", {})
-    rows = measure_shape(48, 40, torch.float32)
-    assert rows <= set(ROWS)
-    assert cpulayout._DECISIONS[(48, 40, torch.float32)] == rows
+    plan = measure_shape(48, 40, torch.float32)
+    assert plan.layout in ("row", "col") and set(plan.kernel_of) <= set(ROWS)
+    assert set(plan.kernel_of.values()) <= set(cpulayout.KERNELS) - {cpulayout.DEFAULT[plan.layout]}
+    assert cpulayout._DECISIONS[(48, 40, torch.float32)] is plan
+    assert "onednn" in cpulayout._candidates(torch.float32, 48)  # this torch build has oneDNN for fp32
+
+
+def test_choice_keeps_the_layout_closest_to_the_fastest_kernels():
+    choose = cpulayout._choose
+    # an AVX-512 Xeon: column-major wins from 4 rows, row-major at 2-3 -> col + a row copy for 2-3
+    xeon = {n: {"row": 1.0 if n < 4 else 2.0, "col": 1.5 if n in (2, 3) else 1.0} for n in ROWS}
+    assert choose(xeon) == Plan("col", {2: "row", 3: "row"})
+    # an AMD EPYC without AVX-512: stream (row-major) wins up to 16 rows, oneDNN beyond -> row + a column copy
+    amd = {
+        n: {"row": 3.0, "col": 2.5, "onednn": 1.2 if n > 16 else 2.0, "stream": 1.0} for n in ROWS if n <= 16
+    }
+    amd.update({n: {"row": 1.5, "col": 1.4, "onednn": 1.0} for n in ROWS if n > 16})
+    plan = choose(amd)
+    assert plan.layout == "row" and plan.needs_copy
+    assert plan.kernel_of == {**{n: "stream" for n in ROWS if n <= 16}, 32: "onednn", 64: "onednn"}
+    assert plan.without_copy() == Plan("row", {n: "stream" for n in ROWS if n <= 16})
+    # a kernel within MARGIN of the layout's own F.linear is not worth a dispatch
+    flat = {n: {"row": 1.0, "col": 1.02} for n in ROWS}
+    assert choose(flat) == Plan("row", {})
+
+
+@pytest.mark.skipif(not cpukernels.available(), reason="needs x86 with AVX2 + FMA and a C++ compiler")
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 16, 40])
+def test_stream_kernel_equals_f_linear(rows):
+    w = torch.randn(72, 64)
+    b = torch.randn(72)
+    x = torch.randn(rows, 64)
+    torch.testing.assert_close(cpukernels.stream_linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    x3 = torch.randn(2, rows, 64)[:, :, :]  # a batch of sequences, and no bias
+    torch.testing.assert_close(cpukernels.stream_linear(x3, w), F.linear(x3, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not cpukernels.available(), reason="needs x86 with AVX2 + FMA and a C++ compiler")
+def test_row_major_primary_with_stream_and_a_column_copy(monkeypatch):
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+    plan = Plan("row", {1: "stream", 2: "stream", 3: "stream", 32: "onednn"})
+    monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: plan)
+    base = tiny_llama(seed=4).requires_grad_(False)
+    tuned = copy.deepcopy(base)
+    summary = tune_linears(tuned)
+    assert summary["column_major"] == 0 and summary["dual"] == summary["tuned"] > 0
+    assert tuned.lm_head.weight.is_contiguous() and tuned.lm_head.other_layout.stride() == (1, 384)
+    for rows in (1, 2, 3, 5, 32, 40):
+        ids = torch.randint(3, 300, (1, rows))
+        torch.testing.assert_close(tuned(ids).logits, base(ids).logits, rtol=1e-4, atol=1e-4)
 
 
 def test_greedy_speculative_on_a_tuned_target_equals_plain_greedy_on_the_original(forced):
@@ -105,8 +175,9 @@ def test_greedy_speculative_on_a_tuned_target_equals_plain_greedy_on_the_origina
     tune_linears(other)
     dec = SpeculativeDecoder(tuned, None)
     want = plain[0, PROMPT.shape[1] :].tolist()
-    # verify blocks of 1 to k+1 rows: the row-major copy (2-3 rows) and the column-major weight (4+) both verify
-    for k in (1, 2, 4):
+    # verify blocks of 1 to k+1 rows: the row-major copy (2-3 rows), the column-major weight (4-5, 12+) and oneDNN
+    # (6-11) all verify
+    for k in (1, 2, 4, 7):
         for proposer in (DraftModelProposer(tuned, 384), DraftModelProposer(other, 384), NGramProposer()):
             res = dec.generate(PROMPT, proposer, k=k, max_new_tokens=40)
             assert res.tokens[:40] == want, (k, proposer)

@@ -10,6 +10,7 @@ from draftsmith.decode.proposer import Proposal, node_depths, tree_attention_mas
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams
+from draftsmith.testing import ARCHS, sampled_joint_tvd, tiny_model
 
 PROMPT = torch.tensor([[1, 40, 50, 60, 70, 80, 40, 50, 60, 90, 40, 50]])
 NEW = 40
@@ -220,35 +221,14 @@ def test_sampling_runs_and_respects_budget(tiny_target, tiny_draft):
 
 
 @pytest.mark.slow
-def test_sampled_decoding_matches_target_distribution():
-    """End to end at temperature 1 on a 4-token vocabulary: the joint law of tokens 2 and 3 (drafted by a
-    disagreeing draft, k=2) equals the target's exact joint law."""
-    from draftsmith.testing import tiny_llama
-
-    target, draft = tiny_llama(0, vocab_size=4), tiny_llama(3, vocab_size=4, num_hidden_layers=1)
-    prompt = torch.tensor([[1, 3, 0, 2]])
-    params = SamplingParams(temperature=1.0)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sampled_decoding_matches_target_distribution(arch):
+    """End to end at temperature 1 on a 4-token vocabulary: the joint law of tokens 1-3 (drafted by a
+    disagreeing draft, k=2) equals the target's exact joint law, on both tiny architectures."""
+    target = tiny_model(arch, 0, vocab_size=4)
+    draft = tiny_model(arch, 3, vocab_size=4, num_hidden_layers=1)
     dec = SpeculativeDecoder(target, eos_ids=set())
-    prop = DraftModelProposer(draft, 4)
-    counts = torch.zeros(4, 4, 4)
-    n = 3000
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: threading overhead dominates, worse on a shared CPU
-    try:
-        for s in range(n):
-            t = dec.generate(prompt, prop, k=2, params=params, max_new_tokens=3, seed=s).tokens
-            counts[t[0], t[1], t[2]] += 1
-    finally:
-        torch.set_num_threads(threads)
-    with torch.inference_mode():
-        exact = torch.zeros(4, 4, 4)
-        p1 = torch.softmax(target(prompt).logits[0, -1], -1)
-        for a in range(4):
-            pa = torch.softmax(target(torch.cat([prompt, torch.tensor([[a]])], 1)).logits[0, -1], -1)
-            for b in range(4):
-                pb = torch.softmax(target(torch.cat([prompt, torch.tensor([[a, b]])], 1)).logits[0, -1], -1)
-                exact[a, b] = p1[a] * pa[b] * pb
-    tvd = 0.5 * float((counts / n - exact).abs().sum())
+    tvd = sampled_joint_tvd(dec, DraftModelProposer(draft, 4), torch.tensor([[1, 3, 0, 2]]), n=3000)
     assert tvd < 0.06, tvd
 
 

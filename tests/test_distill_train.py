@@ -253,14 +253,14 @@ def test_cached_target_topk_equals_online_target_when_k_is_the_vocab(tiny_dirs, 
     draft = DraftLM(tiny_llama(seed=3, num_hidden_layers=1), None)
     online = DataPolicy("target", [e for e in exs], 4, pad_id=2, eos_ids=[2], max_length=64)
     raw = online(0)[0]
-    loss_online, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))(draft, raw)
+    loss_online, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))[0](draft, raw)
     cache_target_topk(tiny_target, exs, vocab, pad_id=2, max_length=64, progress=False)
     batch = online.materialize(raw)
     assert batch["target_topk_values"].shape == (int(batch["loss_mask"].sum()), vocab)
-    loss_cached, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))(draft, raw)
+    loss_cached, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))[0](draft, raw)
     torch.testing.assert_close(loss_cached, loss_online, atol=2e-3, rtol=2e-3)  # fp16 storage of the logits
     cache_target_topk(tiny_target, exs, 8, pad_id=2, max_length=64, progress=False)
-    loss_top8, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))(draft, raw)
+    loss_top8, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))[0](draft, raw)
     assert torch.isfinite(loss_top8) and not torch.allclose(loss_top8, loss_online)
 
 
@@ -339,3 +339,88 @@ def test_topk_scattered_into_draft_vocab_equals_restricting_the_full_logits():
         a = divergence(kind, dense_full, draft, vocab_ids=vocab_ids)
         b = divergence(kind, dense_draft, draft)
         torch.testing.assert_close(a, b)
+
+
+def test_loss_warmup_switches_divergence_at_its_step(gen_dir, tiny_target):
+    from draftsmith.distill.policies import DataPolicy
+    from draftsmith.distill.recipe import DraftLM, LossArgs, make_loss_fn
+    from draftsmith.examples import examples_from_generated
+    from draftsmith.testing import tiny_llama
+
+    exs = examples_from_generated(gen_dir)[:4]
+    draft = DraftLM(tiny_llama(seed=3, num_hidden_layers=1), None)
+    policy = DataPolicy("target", exs, 4, pad_id=2, eos_ids=[2], max_length=64)
+    raw = policy(0)[0]
+    plain = {
+        kind: make_loss_fn(tiny_target, policy, LossArgs(kind=kind))[0](draft, raw)[0]
+        for kind in ("fkl", "tvd")
+    }
+    assert not torch.allclose(plain["fkl"], plain["tvd"])
+    loss_fn, before_step = make_loss_fn(
+        tiny_target, policy, LossArgs(kind="tvd", warmup_kind="fkl", warmup_steps=2)
+    )
+    for step, kind in (
+        (0, "fkl"),
+        (1, "fkl"),
+        (2, "tvd"),
+        (7, "tvd"),
+        (1, "fkl"),
+    ):  # a resume may restart at 1
+        before_step(step)
+        torch.testing.assert_close(loss_fn(draft, raw)[0], plain[kind])
+
+
+def test_existing_draft_pruned_to_a_layer_subset(tiny_dirs, gen_dir, tmp_path):
+    # init=existing with model.layers: a layer-pruned small model (its embeddings, norm and head kept)
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.testing import save_tiny
+
+    two = str(save_tiny(tmp_path / "two-layer-draft", seed=5, num_hidden_layers=2))
+    cfg = _cfg(
+        tiny_dirs,
+        gen_dir,
+        tmp_path / "pruned",
+        "model.init=existing",
+        f"model.draft={two}",
+        "model.layers=[1]",
+    )
+    run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
+    pruned = AutoModelForCausalLM.from_pretrained(tmp_path / "pruned" / "final")
+    assert pruned.config.num_hidden_layers == 1
+    record = json.loads((tmp_path / "pruned" / "final" / "draftsmith_draft.json").read_text())
+    assert record["init"]["layers"] == [1] and record["init"]["init"] == "existing"
+    with pytest.raises(DraftsmithError, match="must be distinct indices in"):
+        bad = _cfg(
+            tiny_dirs,
+            gen_dir,
+            tmp_path / "bad",
+            "model.init=existing",
+            f"model.draft={two}",
+            "model.layers=[2]",
+        )
+        run_distill(bad, make_accelerator(bad.train, cpu=True), progress=False)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_target_topk_file_is_scored_once_and_shared(tiny_dirs, gen_dir, tmp_path, monkeypatch):
+    from draftsmith.distill import policies
+
+    topk = tmp_path / "scores" / "topk.safetensors"
+    common = ("data.cache_target_topk=16", f"data.target_topk_file={topk}", "train.save_every=0")
+    first = _cfg(tiny_dirs, gen_dir, tmp_path / "a", *common)
+    res_a = run_distill(first, make_accelerator(first.train, cpu=True), progress=False)
+    assert topk.is_file()
+
+    def no_scoring(*args, **kwargs):
+        raise AssertionError("the second run must read the scores, not recompute them")
+
+    monkeypatch.setattr(policies, "_score_topk", no_scoring)
+    second = _cfg(tiny_dirs, gen_dir, tmp_path / "b", *common)
+    res_b = run_distill(second, make_accelerator(second.train, cpu=True), progress=False)
+    assert res_b["train"]["loss"] == pytest.approx(res_a["train"]["loss"], rel=1e-5)  # same scores, same run
+    other = _cfg(tiny_dirs, gen_dir, tmp_path / "c", *common, "data.max_length=32")  # other data: refused
+    with pytest.raises(DraftsmithError, match="holds scores of other data"):
+        run_distill(other, make_accelerator(other.train, cpu=True), progress=False)
+    with pytest.raises(DraftsmithError, match="needs data.cache_target_topk > 0"):
+        _cfg(tiny_dirs, gen_dir, tmp_path / "d", f"data.target_topk_file={topk}")

@@ -261,3 +261,87 @@ def test_bf16_inputs_computed_in_float32():
     got = divergence("fkl", t.bfloat16(), d.bfloat16())
     want = divergence("fkl", t.bfloat16().float(), d.bfloat16().float())
     assert got.dtype == torch.float32 and torch.allclose(got, want)
+
+
+# --- gradient direction: one small step of each loss raises the acceptance rate alpha = sum min(p, q) -----------
+
+# hand-made (target logits, draft logits) pairs over 6 tokens: the draft's mode elsewhere, a broad draft against a
+# peaked target, a peaked draft against a broad target, and a near miss
+DIRECTION_PAIRS = [
+    ([4.0, 1.0, 0.0, 0.0, -1.0, -2.0], [0.0, 0.5, 3.0, 0.0, 0.0, 0.0]),
+    ([5.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0.2, 0.1, 0.0, 0.0, 0.1, 0.0]),
+    ([1.0, 0.8, 0.6, 0.4, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 4.0]),
+    ([2.0, 1.9, 0.0, -1.0, -1.0, -1.0], [1.9, 2.0, 0.0, -1.0, -1.0, -1.0]),
+]
+
+
+def _alpha(target_logits, draft_logits, temperature, vocab_ids=None):
+    p = torch.softmax(target_logits / temperature, -1)
+    q_small = torch.softmax(draft_logits / temperature, -1)
+    q = torch.zeros_like(p)
+    q[:, vocab_ids if vocab_ids is not None else slice(None)] = q_small
+    return float(torch.minimum(p, q).sum(-1).mean())
+
+
+def _step(loss_fn, draft, lr):
+    draft = draft.clone().requires_grad_(True)
+    loss_fn(draft).backward()
+    g = draft.grad
+    return (draft - lr * g / g.norm().clamp_min(1e-12)).detach()  # a fixed-length step along -gradient
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("kind", sorted(LOSSES))
+def test_a_step_of_each_loss_raises_alpha(kind, temperature):
+    for target, draft in DIRECTION_PAIRS:
+        t, d = torch.tensor([target]), torch.tensor([draft])
+        before = _alpha(t, d, temperature)
+        after = _alpha(
+            t, _step(lambda x, t=t: divergence(kind, t, x, temperature=temperature), d, 0.05), temperature
+        )
+        assert after > before, (kind, target, draft, before, after)
+
+
+@pytest.mark.parametrize("kind", sorted(LOSSES))
+def test_a_step_raises_alpha_with_a_reduced_draft_vocab(kind):
+    vocab_ids = torch.tensor([0, 2, 3, 5])  # the draft can only propose these ids
+    raised = 0
+    for target, draft in DIRECTION_PAIRS:
+        t, d = torch.tensor([target]), torch.tensor([draft])[:, vocab_ids]
+        before = _alpha(t, d, 1.0, vocab_ids)
+        after = _alpha(
+            t, _step(lambda x, t=t: divergence(kind, t, x, vocab_ids=vocab_ids), d, 0.05), 1.0, vocab_ids
+        )
+        # alpha can reach at most the target's mass on the draft's ids (q >= p there); at that ceiling (the near
+        # miss: token 1 is out of reach) no step can raise it, and none may lower it
+        ceiling = float(torch.softmax(t, -1)[0, vocab_ids].sum())
+        if before < ceiling - 1e-6:
+            assert after > before, (kind, target, draft, before, after)
+            raised += 1
+        else:
+            assert after >= before - 1e-6, (kind, target, draft, before, after)
+    assert raised == 3
+
+
+def test_a_step_of_the_heads_soft_ce_raises_alpha():
+    from draftsmith.heads.eagle.losses import soft_ce_through_head
+
+    weight = torch.eye(6)  # logits = hidden states, so the pairs above are the head's logits
+    for target, draft in DIRECTION_PAIRS:
+        t, d = torch.tensor([target]), torch.tensor([draft])
+        before = _alpha(t, d, 1.0)
+        step = _step(lambda x, t=t: soft_ce_through_head(x, t, weight), d, 0.05)
+        assert _alpha(t, step, 1.0) > before, (target, draft)
+
+
+def test_warmup_schedule_picks_the_divergence_per_step():
+    from draftsmith.distill.recipe import LossArgs
+    from draftsmith.errors import DraftsmithError
+
+    cfg = LossArgs(kind="tvd", warmup_kind="fkl", warmup_steps=3)
+    assert [cfg.kind_at(s) for s in range(5)] == ["fkl", "fkl", "fkl", "tvd", "tvd"]
+    assert [LossArgs(kind="lk").kind_at(s) for s in (0, 100)] == ["lk", "lk"]
+    with pytest.raises(DraftsmithError, match="warmup_kind and loss.warmup_steps go together"):
+        LossArgs(kind="tvd", warmup_steps=3)
+    with pytest.raises(DraftsmithError, match="warmup_steps must be >= 0"):
+        LossArgs(kind="tvd", warmup_kind="fkl", warmup_steps=-1)

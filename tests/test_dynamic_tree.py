@@ -43,7 +43,12 @@ def test_dynamic_tree_keeps_the_most_probable_paths_closed_under_ancestors():
     assert sorted(prob.values(), reverse=True) == sorted([0.6, 0.42, 0.3, 0.294, 0.15], reverse=True)
     # depth 2 expands the top_k=2 root children in one step; they see only themselves (no drafted rows before)
     d, tok, attend, parent_local = calls[0]
-    assert d == 1 and tok == [0, 1] and parent_local is None and attend.tolist() == [[True, False], [False, True]]
+    assert (
+        d == 1
+        and tok == [0, 1]
+        and parent_local is None
+        and attend.tolist() == [[True, False], [False, True]]
+    )
     # depth 3 expands (0,0) and (1,0): their parents are rows 0 and 1 of the previous step's output
     d, tok, attend, parent_local = calls[1]
     assert d == 2 and tok == [0, 0] and parent_local.tolist() == [0, 1]

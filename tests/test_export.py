@@ -1,4 +1,5 @@
-"""Head exports (sglang-eagle3, speculators, vllm-medusa): exact files/keys/shapes, bad input, and round trips.
+"""Head exports (sglang-eagle3, speculators, vllm-medusa): exact files/keys/shapes, bad input, and round trips, on a
+tiny Llama and a tiny Qwen2 target.
 
 The round trips read the exported folder back with plain safetensors + json, rebuild the head with the small
 reference implementation below (written from the engines' source, not from draftsmith's modules), capture the
@@ -17,18 +18,23 @@ from safetensors.torch import save_file
 
 from draftsmith.app.export import export
 from draftsmith.errors import DraftsmithError
+from draftsmith.testing import ARCHS
 
 N_LAYERS = 6
 AUX = [1, 3, 4]  # draftsmith ids: inputs of target layers 1, 3, 4
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
+@pytest.fixture(scope="module", params=ARCHS)
+def target(request, tmp_path_factory):
+    """A 6-layer tiny target of each architecture (Llama; Qwen2: q/k/v biases, tied embeddings, padded vocabulary):
+    every export's key validation and round trip runs on both."""
     from transformers import AutoModelForCausalLM
 
     from draftsmith.testing import save_tiny
 
-    path = save_tiny(tmp_path_factory.mktemp("t") / "target6", seed=0, num_hidden_layers=N_LAYERS)
+    path = save_tiny(
+        tmp_path_factory.mktemp("t") / "target6", seed=0, arch=request.param, num_hidden_layers=N_LAYERS
+    )
     return AutoModelForCausalLM.from_pretrained(path).eval()
 
 
@@ -43,7 +49,7 @@ def _randomize(module, seed):
 
 
 def _eagle3_head(target, out, norm_before_residual=False, full_vocab=False):
-    from draftsmith.heads.eagle import EagleHead
+    from draftsmith.heads.eagle.model import EagleHead
     from draftsmith.heads.io import save_head
 
     vocab_ids = torch.sort(
@@ -61,7 +67,7 @@ def _eagle3_head(target, out, norm_before_residual=False, full_vocab=False):
 
 def _medusa_head(target, out, num_layers=2):
     from draftsmith.heads.io import save_head
-    from draftsmith.heads.medusa import MedusaHeads
+    from draftsmith.heads.medusa.model import MedusaHeads
 
     heads = MedusaHeads.from_target(target, num_heads=3, num_layers=num_layers)
     _randomize(heads, 7)
@@ -244,7 +250,7 @@ def test_speculators_files_config_and_round_trip(target, tmp_path, norm_before_r
     ]
     local_folder = str(Path(head.target["name_or_path"]).resolve())
     assert sc["verifier"]["name_or_path"] == local_folder
-    assert sc["verifier"]["architectures"] == ["LlamaForCausalLM"]
+    assert sc["verifier"]["architectures"] == list(target.config.architectures)  # the target's own
     layer = cfg["transformer_layer_config"]
     assert layer["model_type"] == "llama" and layer["num_hidden_layers"] == 1
     assert layer["vocab_size"] == target.config.vocab_size and layer["head_dim"] == head.config.head_dim
@@ -449,8 +455,10 @@ def test_vllm_medusa_files_config_and_round_trip(target, tmp_path):
 
 def test_medusa_bad_inputs(target, tmp_path):
     _medusa_head(target, tmp_path / "head")
+    # a kind/format mismatch names what the folder is and the formats it does export to
     with pytest.raises(
-        DraftsmithError, match="cannot be exported as sglang-eagle3; use --format vllm-medusa"
+        DraftsmithError,
+        match=r"holds Medusa heads \(medusa\), which cannot be exported as sglang-eagle3; it exports to vllm-medusa",
     ):
         export(tmp_path / "head", "sglang-eagle3", tmp_path / "o")
     with pytest.raises(DraftsmithError, match="--format vllm-medusa"):
@@ -557,7 +565,7 @@ def test_speculators_refuses_a_verifier_it_cannot_name_or_read(tmp_path, capsys)
         ["export", str(tmp_path / "head"), "--format", "vllm-medusa", "--out", str(tmp_path / "o3")]
         + ["--verifier", str(moved)]
     )
-    assert rc == 2 and "speculators only" in capsys.readouterr().err
+    assert rc == 2 and "speculators formats only" in capsys.readouterr().err
 
 
 def test_vllm_medusa_export_says_which_vllm_serves_it(target, tmp_path, capsys):

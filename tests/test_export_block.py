@@ -11,10 +11,10 @@ from draftsmith.app.export import export
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads import load_head, save_head
-from draftsmith.heads.block_proposers import DFlashProposer, PEagleProposer
-from draftsmith.heads.dflash import DFlashDrafter
-from draftsmith.heads.eagle import EagleHead
-from draftsmith.heads.peagle import PEagleHead
+from draftsmith.heads.block.dflash import DFlashDrafter
+from draftsmith.heads.block.peagle import PEagleHead
+from draftsmith.heads.block.proposers import DFlashProposer, PEagleProposer
+from draftsmith.heads.eagle.model import EagleHead
 
 AUX = [1]  # hidden_states index 1 = input of layer 1 of the 2-layer tiny target (engines capture [1, N-1])
 
@@ -106,7 +106,10 @@ def test_sglang_dflash_export_and_refusals(tiny_target, tmp_path):
     assert cfg["num_target_layers"] == 2 and cfg["num_hidden_layers"] == 2
     names = set(load_file(str(out / "model.safetensors")))
     assert not names & {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight"}
-    with pytest.raises(DraftsmithError, match="cannot be exported as speculators-peagle"):
+    with pytest.raises(
+        DraftsmithError,
+        match=r"\(dflash\), which cannot be exported as speculators-peagle; it exports to hf or sglang-dflash or speculators-dflash",
+    ):
         export(tmp_path / "frozen", "speculators-peagle", tmp_path / "wrong")
 
 
@@ -144,7 +147,9 @@ def test_speculators_peagle_export(tmp_path):
     assert all(torch.equal(tensors[k], renamed[k]) for k in renamed)
     with pytest.raises(DraftsmithError, match="increasing"):  # engines concatenate aux states in layer order
         export(tmp_path / "bad", "speculators-peagle", tmp_path / "y")
-    with pytest.raises(DraftsmithError, match="peagle checkpoint and cannot be exported"):
+    with pytest.raises(
+        DraftsmithError, match=r"holds a P-EAGLE head \(peagle\), which cannot be exported as sglang-dflash"
+    ):
         export(tmp_path / "ok", "sglang-dflash", tmp_path / "z")
 
 

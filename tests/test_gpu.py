@@ -1,18 +1,18 @@
 """CUDA checks (marked gpu: skipped without CUDA; `pytest -m gpu` runs them, scripts/gpu_check.sh too).
 
-- greedy speculative output == plain greedy output on CUDA in bf16 for EVERY drafter kind in the drafter table
-  (a difference passes only at a bf16 near-tie of the target, checked with the same rule `draftsmith eval` uses);
+- greedy speculative output == plain greedy output on CUDA in bf16 for EVERY drafter kind in the drafter table, on
+  the drafter its record's `example` makes (a difference passes only at a bf16 near-tie of the target, checked with
+  the same rule `draftsmith eval` uses);
 - the compile path (StaticCache + torch.compile with CUDA graphs) gives the eager path's tokens, without
   recompiling per step or per prompt;
 - speculative sampling on CUDA reproduces the target's joint distribution;
 - one bf16 training step of every trainer (distill, and every head kind of the heads recipe).
-One test runs on the CPU too: every drafter kind has a GPU case here, so a new kind cannot skip the GPU check.
+One test runs on the CPU too: every drafter kind's record has an example, so a new kind cannot skip the GPU check.
 """
 
 from __future__ import annotations
 
 import json
-import typing
 
 import pytest
 import torch
@@ -22,128 +22,24 @@ from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
 from draftsmith.decode.evaluate import divergence
 from draftsmith.sampling import SamplingParams
-from draftsmith.testing import save_tiny, tiny_llama
+from draftsmith.testing import tiny_llama
 
 gpu = pytest.mark.gpu
 CUDA = torch.device("cuda")
 BF16 = torch.bfloat16
-ACC = [[0.5, 0.2, 0.1], [0.3, 0.2, 0.1], [0.2, 0.1, 0.05]]  # Medusa rank accuracies: shapes a 3-level tree
 
 
-# -- one drafter checkpoint per kind, made for the CUDA bf16 target ----------------------------------------------
-def _draft(root, target):
-    return f"draft:{save_tiny(root / 'draft', seed=1, num_hidden_layers=1)}"
-
-
-def _ngram(root, target):
-    return "ngram:max=3"
-
-
-def _medusa(root, target):
-    from draftsmith.heads import MedusaHeads, save_head
-    from draftsmith.heads.io import ACCURACY_FILE
-
-    torch.manual_seed(0)
-    heads = MedusaHeads.from_target(target, num_heads=3, num_layers=1)
-    with torch.no_grad():  # untrained but not the identity: the heads disagree with the target
-        for blk in heads.blocks:
-            blk.layers[0].weight.normal_(0, 0.5)
-    save_head(heads, root / "medusa", extra_json={ACCURACY_FILE: {"rank_accuracy": ACC}})
-    return f"medusa:{root / 'medusa'},total_tokens=10"
-
-
-def _eagle3_dir(root, target):
-    from draftsmith.heads import EagleHead, save_head
-
-    path = root / "eagle3"
-    if not path.is_dir():
-        torch.manual_seed(0)
-        head = EagleHead.from_target(
-            target, "eagle3", draft_vocab_ids=torch.arange(0, 384, 2), aux_layers=[0, 1, 2]
-        )
-        save_head(head, path)
-    return path
-
-
-def _eagle(root, target):
-    from draftsmith.heads import EagleHead, save_head
-
-    torch.manual_seed(0)
-    save_head(EagleHead.from_target(target, "eagle"), root / "eagle1")
-    return f"eagle:{root / 'eagle1'},top_k=3,depth=3,total_tokens=9"
-
-
-def _eagle3(root, target):
-    return f"eagle3:{_eagle3_dir(root, target)},top_k=4,depth=4,total_tokens=14"
-
-
-def _dflash(root, target):
-    from draftsmith.heads import save_head
-    from draftsmith.heads.dflash import DFlashDrafter
-
-    torch.manual_seed(0)
-    d = DFlashDrafter.from_target(
-        target,
-        draft_vocab_ids=torch.arange(0, 384, 2),
-        mask_token_id=3,
-        block_size=5,
-        num_layers=2,
-        aux_layers=[0, 1, 2],
-    )
-    save_head(d, root / "dflash")
-    return f"dflash:{root / 'dflash'},top_k=3,total_tokens=10"
-
-
-def _peagle(root, target):
-    from draftsmith.heads import EagleHead, save_head
-    from draftsmith.heads.peagle import PEagleHead
-
-    torch.manual_seed(0)
-    e3 = EagleHead.from_target(
-        target, "eagle3", draft_vocab_ids=torch.arange(0, 384, 2), aux_layers=[0, 1, 2]
-    )
-    save_head(PEagleHead.from_target_head(e3, mask_token_id=3, num_depths=4), root / "peagle")
-    return f"peagle:{root / 'peagle'},top_k=2,total_tokens=6"
-
-
-def _layerskip(root, target):
-    from draftsmith.heads.selfdraft import save_layerskip
-
-    save_layerskip(root / "layerskip", target, skip=[1], vocab_ids=None, search={})
-    return f"layerskip:{root / 'layerskip'},depth=3"
-
-
-def _earlyexit(root, target):
-    from draftsmith.heads import save_head
-    from draftsmith.heads.earlyexit import EarlyExitAdapter
-
-    torch.manual_seed(0)
-    ad = EarlyExitAdapter.from_target(target, 1, None)
-    with torch.no_grad():  # an untrained adapter is the identity: give it a (disagreeing) effect
-        ad.self_attn.o_proj.weight.normal_(0, 0.3)
-        ad.mlp.down_proj.weight.normal_(0, 0.3)
-    save_head(ad, root / "earlyexit")
-    return f"earlyexit:{root / 'earlyexit'},depth=3"
-
-
-GPU_CASES = {
-    "draft": _draft,
-    "ngram": _ngram,
-    "medusa": _medusa,
-    "eagle": _eagle,
-    "eagle3": _eagle3,
-    "dflash": _dflash,
-    "peagle": _peagle,
-    "layerskip": _layerskip,
-    "earlyexit": _earlyexit,
-}
-"""drafter kind -> maker(folder, CUDA target) of a drafter spec. A NEW KIND in draftsmith.app.drafters.DRAFTERS
-needs a row here (test_every_drafter_kind_has_a_gpu_case fails on the CPU until it has one)."""
-
-
+# -- one drafter checkpoint per kind: its record's example (draftsmith.kinds DrafterKind.example) -------------------
 def test_every_drafter_kind_has_a_gpu_case():
-    missing = sorted(set(DRAFTERS) - set(GPU_CASES))
-    assert not missing, f"drafter kinds without a GPU case in tests/test_gpu.py GPU_CASES: {missing}"
+    missing = sorted(name for name, rec in DRAFTERS.items() if rec.build is not None and rec.example is None)
+    assert not missing, f"drafter kinds without an example (the GPU case) in their record: {missing}"
+
+
+def _spec(kind: str, root, target) -> str:
+    return DRAFTERS[kind].example(root, target)
+
+
+SPEC_KINDS = sorted(name for name, rec in DRAFTERS.items() if rec.build is not None)
 
 
 # -- fixtures -----------------------------------------------------------------------------------------------------
@@ -176,9 +72,9 @@ def _check_lossless(dec, target, proposer, prompts, k=4, new=32) -> int:
 
 # -- greedy losslessness per drafter kind ---------------------------------------------------------------------------
 @gpu
-@pytest.mark.parametrize("kind", sorted(GPU_CASES))
+@pytest.mark.parametrize("kind", SPEC_KINDS)
 def test_greedy_speculative_equals_plain_bf16(kind, cuda_target, prompts, tmp_path, tiny_tokenizer):
-    spec = GPU_CASES[kind](tmp_path, cuda_target)
+    spec = _spec(kind, tmp_path, cuda_target)
     ctx = DrafterContext(cuda_target, tiny_tokenizer, CUDA, dtype=BF16)
     proposer = build_proposer(spec, ctx)
     dec = SpeculativeDecoder(cuda_target, eos_ids=set())
@@ -196,8 +92,8 @@ def test_compiled_cuda_graph_path_equals_eager(cuda_target, prompts, tmp_path, t
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     ctx = DrafterContext(cuda_target, tiny_tokenizer, CUDA, dtype=BF16)
-    chain = build_proposer(_draft(tmp_path, cuda_target), ctx)
-    tree = build_proposer(_eagle3(tmp_path, cuda_target), ctx)
+    chain = build_proposer(_spec("draft", tmp_path, cuda_target), ctx)
+    tree = build_proposer(_spec("eagle3", tmp_path, cuda_target), ctx)
     eager = SpeculativeDecoder(cuda_target, eos_ids=set())
     compiled = SpeculativeDecoder(cuda_target, eos_ids=set(), compile=True)
     assert compiled.static
@@ -245,9 +141,9 @@ def test_sampled_decoding_matches_target_distribution_cuda():
 
 # -- one bf16 training step of every trainer -------------------------------------------------------------------------
 def _head_kinds() -> list[str]:
-    from draftsmith.heads.recipe import HeadSection
+    from draftsmith.heads.kinds import trained_kinds
 
-    return list(typing.get_args(typing.get_type_hints(HeadSection)["kind"]))
+    return trained_kinds()
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,11 @@ import torch
 from draftsmith.acceptance import tau_tree as expected_tau
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads import EagleHead, MedusaHeads, load_head, save_head
+from draftsmith.heads.eagle.losses import eagle3_loss, ttt_unroll
+from draftsmith.heads.eagle.proposer import EagleProposer
 from draftsmith.heads.hidden import target_features
-from draftsmith.heads.losses import eagle3_loss, ttt_unroll
-from draftsmith.heads.proposers import EagleProposer
+from draftsmith.heads.medusa.trees import medusa_tree, tree_parents
 from draftsmith.heads.recipe import LossSection
-from draftsmith.heads.trees import medusa_tree, tree_parents
 from draftsmith.testing import tiny_llama
 
 AUX = [0, 1, 2]
@@ -223,10 +223,12 @@ def test_eagle_loss_backward_and_acceptance_metrics(tiny_target):
 def test_eagle_losses_depth0_acceptance_matches_an_independent_count(tiny_target, kind):
     import torch.nn.functional as F
 
-    from draftsmith.heads.losses import EAGLE_LOSSES, shift_left
+    from draftsmith.heads.eagle.losses import EAGLE_LOSSES, shift_left
 
     torch.manual_seed(1)
-    head = _randomize(_eagle3(tiny_target) if kind == "eagle3" else EagleHead.from_target(tiny_target, "eagle"))
+    head = _randomize(
+        _eagle3(tiny_target) if kind == "eagle3" else EagleHead.from_target(tiny_target, "eagle")
+    )
     ids = torch.randint(3, 300, (2, 12))
     am, lm = torch.ones_like(ids), torch.ones_like(ids)
     lm[:, :2] = 0
@@ -242,7 +244,9 @@ def test_eagle_losses_depth0_acceptance_matches_an_independent_count(tiny_target
             draft_top = head.vocab_ids[head.logits(out).argmax(-1)]
         else:
             draft_top = F.linear(out, tiny_target.lm_head.weight).argmax(-1)
-        target_top = shift_left(F.linear(feats["last"], tiny_target.lm_head.weight).argmax(-1, keepdim=True), 1)
+        target_top = shift_left(
+            F.linear(feats["last"], tiny_target.lm_head.weight).argmax(-1, keepdim=True), 1
+        )
         valid = shift_left(lm, 2).bool()
         expect = float((draft_top[valid] == target_top[..., 0][valid]).float().mean())
     assert m["acc_0"] == pytest.approx(expect)

@@ -10,6 +10,7 @@ from draftsmith.config import load_config
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads import EagleHead, MedusaHeads
 from draftsmith.heads.recipe import HeadsConfig, run_heads
+from draftsmith.testing import recipe_header
 from draftsmith.trainer import make_accelerator
 
 RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("recipes").glob("heads-*.yaml"))
@@ -18,11 +19,11 @@ RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("recipes").glob("h
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
 def test_every_heads_recipe_loads(path):
     cfg = load_config(HeadsConfig, path)
-    assert cfg.head.kind in ("medusa", "medusa2", "eagle", "eagle3", "dflash", "peagle", "earlyexit")
-    assert (
-        path.read_text().startswith("#")
-        and "train/heads.py" in path.read_text().split("\n", 3)[1] + path.read_text()
-    )
+    from draftsmith.heads.kinds import trained_kinds
+
+    assert cfg.head.kind in trained_kinds()
+    header = recipe_header(path)
+    assert any("train/heads.py --config recipes/" + path.name in line for line in header), header
 
 
 def test_unknown_recipe_key_is_an_error():
@@ -54,7 +55,8 @@ def _cfg(tiny_dirs, generated, out, kind, *extra):
         None,
         [
             f"model.target={tiny_dirs['target']}",
-            f"data.source={generated}", "data.eval_size=1",
+            f"data.source={generated}",
+            "data.eval_size=1",
             f"head.kind={kind}",
             "head.draft_vocab_size=128",
             "head.aux_layers=0,1,2",
@@ -130,8 +132,8 @@ def test_offline_cache_equals_online_and_reports_bytes(tiny_dirs, generated, tmp
     )
     written = build_cache(target, ex, cache, batch_size=3, progress=False)
     n_tok = sum(len(e["input_ids"]) for e in ex)
-    assert written >= n_tok * bytes_per_token("eagle3", 64, torch.float32)  # tensors + small headers
-    assert written < n_tok * bytes_per_token("eagle3", 64, torch.float32) * 1.2 + 4096
+    assert written >= n_tok * bytes_per_token(3, 64, torch.float32)  # tensors + small headers
+    assert written < n_tok * bytes_per_token(3, 64, torch.float32) * 1.2 + 4096
     reread = HiddenStateCache(tmp_path / "c", CacheSpec("eagle3", [0, 1, 2], 64, "float32"), target)
     batch = collate(ex[:3])
     off = HiddenStates("offline", target, [0, 1, 2], reread)(batch)
@@ -245,7 +247,7 @@ def test_held_out_eval_with_a_bf16_target_and_fp32_heads(tiny_dirs, generated, k
     """The eval runs outside autocast: fp32 master-weight heads must read a bf16 target's states (AMX CPUs, GPUs)."""
     from draftsmith.heads.data import collate, load_examples
     from draftsmith.heads.hidden import HiddenStates
-    from draftsmith.heads.recipe import LossSection
+    from draftsmith.heads.recipe import EvalSection, LossSection
     from draftsmith.heads.training import HeadTrainer, evaluate_heads
     from draftsmith.models import load_model
 
@@ -262,14 +264,19 @@ def test_held_out_eval_with_a_bf16_target_and_fp32_heads(tiny_dirs, generated, k
         HeadTrainer(head, target, hidden, LossSection(ttt_steps=2)),
         [batch],
         hidden,
-        eval_depth=2,
-        tree_tokens=4,
+        EvalSection(depth=2, tree_tokens=4),
     )
     assert ("rank_accuracy" if kind == "medusa" else "acceptance_per_depth") in res
 
 
-def test_every_head_type_has_a_training_loss():
-    from draftsmith.heads.common import HEAD_TYPES
-    from draftsmith.heads.training import HEAD_LOSSES
+def test_every_trained_kind_has_a_complete_record():
+    """One record per kind holds everything the recipe, the folders and the decoder need (draftsmith.kinds)."""
+    from draftsmith.heads.kinds import HEAD_KINDS, folder_kinds
 
-    assert set(HEAD_LOSSES) == set(HEAD_TYPES)
+    for name, rec in HEAD_KINDS.items():
+        if rec.training is not None:
+            t = rec.training
+            assert t.build and t.loss and t.evaluate and t.features, name
+            saved = HEAD_KINDS[t.saves_as or name]
+            assert saved.load is not None and saved.check_folder is not None and saved.build is not None, name
+    assert set(folder_kinds()) == {"medusa", "eagle", "eagle3", "dflash", "peagle", "earlyexit"}

@@ -17,7 +17,7 @@ TOKEN = "hf_SeCrEtToKeN0123456789abcdef"
 def run_dir(tmp_path):
     """A training run: run.yaml, eval/eval.json + report.md, final/ with a Medusa head (+ a pickle to skip)."""
     from draftsmith.heads.io import save_head
-    from draftsmith.heads.medusa import MedusaHeads
+    from draftsmith.heads.medusa.model import MedusaHeads
     from draftsmith.testing import tiny_llama
 
     run = tmp_path / "run"
@@ -120,8 +120,10 @@ def test_refusals_upload_nothing(run_dir, tmp_path, fake_api):
     (run_dir / "final" / "notes.txt").unlink()
     cfg = json.loads((run_dir / "final" / "config.json").read_text())
     (run_dir / "final" / "config.json").write_text(json.dumps({**cfg, "num_heads": 3}))  # tensors for 2 heads
+    from draftsmith.app.drafters import DRAFTERS
+
     with pytest.raises(DraftsmithError, match="missing"):
-        hub.push_to_hub(run_dir / "final", "me/x", require_results=False)
+        hub.push_to_hub(run_dir / "final", "me/x", require_results=False, kinds=DRAFTERS)
     assert fake_api.calls == []
 
 

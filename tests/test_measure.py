@@ -96,7 +96,7 @@ def test_bench_drafters_is_a_thin_caller(tiny_dirs, tmp_path, capsys):
     out, prof = tmp_path / "bench", tmp_path / "profiles"
     argv = ["--target", tiny_dirs["target"], "--prompts", str(prompts), "--limit", "2", "--max-new-tokens", "6",
             "--drafter", f"d=draft:{tiny_dirs['draft']}@3", "--drafter", "n=ngram:max=2@2",
-            "--out", str(out), "--profiles-out", str(prof)]  # fmt: skip
+            "--out", str(out), "--profiles-out", str(prof), "--flops"]  # fmt: skip
     assert bench.main(argv) == 0
     res = json.loads((out / "bench.json").read_text())
     assert set(res["drafters"]) == {"d", "n"} and (out / "bench.png").stat().st_size > 1000
@@ -107,6 +107,7 @@ def test_bench_drafters_is_a_thin_caller(tiny_dirs, tmp_path, capsys):
         )
         p = costbench.load_profile(prof / f"{name}.json")  # the cost model reads what the bench measured
         assert p["name"] == name and p["k"] == r["k"] and p["tau"] == r["tau"]
+    assert res["drafters"]["d"]["draft_flop_share"] > 0.2 and res["drafters"]["n"]["draft_flop_share"] == 0.0
     assert "| d | 3 |" in capsys.readouterr().out
     # bad input: one line, exit 2, nothing loaded or written
     for bad, msg in (

@@ -48,7 +48,7 @@ def medusa_dir(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from draftsmith.heads.io import save_head
-    from draftsmith.heads.medusa import MedusaHeads
+    from draftsmith.heads.medusa.model import MedusaHeads
     from draftsmith.testing import save_tiny
 
     tpath = save_tiny(tmp_path / "target", seed=0)

@@ -7,6 +7,18 @@ import torch
 from draftsmith.errors import DraftsmithError
 from draftsmith.trainer import TrainArgs, list_checkpoints, make_accelerator, run
 
+ENGINES = ["accelerate", "lightning"]
+
+
+def make_engine(engine: str, args: TrainArgs):
+    """The accelerate engine (one CPU process) or the Lightning engine (one process) for `args`."""
+    if engine == "accelerate":
+        return make_accelerator(args, cpu=True)
+    pytest.importorskip("lightning")
+    from draftsmith.lightning_engine import LightningEngine
+
+    return LightningEngine(args)
+
 
 class Toy(torch.nn.Module):
     def __init__(self):
@@ -44,12 +56,15 @@ def loss_fn(seen, kill_at=None):
             raise Killed  # a run killed mid-step
         seen.append(int(batch["tag"]))
         loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
-        return loss, {"n_tokens": 3}
+        # a random weight, as DFlash's anchors or dropout: a resume that does not restore the RNG diverges
+        return loss * (1 + 0.1 * torch.rand(())), {"n_tokens": 3}
 
     return fn
 
 
-def _run(out, seen, resume=False, overwrite=False, cfg=None, kill_at=None, kw_steps=None, **kw):
+def _run(
+    out, seen, resume=False, overwrite=False, cfg=None, kill_at=None, kw_steps=None, engine="accelerate", **kw
+):
     args = TrainArgs(
         **{
             "max_steps": 6,
@@ -66,7 +81,7 @@ def _run(out, seen, resume=False, overwrite=False, cfg=None, kill_at=None, kw_st
     evals = []
     kw_run = {"before_step": kw_steps.append} if kw_steps is not None else {}
     res = run(
-        make_accelerator(args, cpu=True),
+        make_engine(engine, args),
         model,
         loss_fn(seen, kill_at),
         batches,
@@ -82,9 +97,10 @@ def _run(out, seen, resume=False, overwrite=False, cfg=None, kill_at=None, kw_st
     return model, res, evals
 
 
-def test_train_writes_outputs_and_resume_matches_straight_run(tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_train_writes_outputs_and_resume_matches_straight_run(engine, tmp_path):
     seen_a, steps_a = [], []
-    straight, res, evals = _run(tmp_path / "a", seen_a, kw_steps=steps_a)
+    straight, res, evals = _run(tmp_path / "a", seen_a, kw_steps=steps_a, engine=engine)
     assert steps_a == [0, 1, 2, 3, 4, 5]  # before_step: once per optimizer step
     out = tmp_path / "a"
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -101,45 +117,132 @@ def test_train_writes_outputs_and_resume_matches_straight_run(tmp_path):
     # a run killed in step 5 (after the step-4 checkpoint), then resumed
     seen_b = []
     with pytest.raises(Killed):
-        _run(tmp_path / "b", seen_b, kill_at=9)
+        _run(tmp_path / "b", seen_b, kill_at=9, engine=engine)
     assert [p.name for p in list_checkpoints(tmp_path / "b")] == ["step-0000002", "step-0000004"]
     del seen_b[8:]  # the killed step's micro-batch is redone after resuming
     steps_b = []
-    resumed, res_b, _ = _run(tmp_path / "b", seen_b, resume=True, kw_steps=steps_b)
+    resumed, res_b, _ = _run(tmp_path / "b", seen_b, resume=True, kw_steps=steps_b, engine=engine)
     assert steps_b == [4, 5]
     assert res_b["step"] == 6
     assert seen_b == seen_a  # data position restored: no batch repeated or skipped
     for p, q in zip(straight.parameters(), resumed.parameters()):
-        torch.testing.assert_close(p, q)  # optimizer/scheduler state restored too
-    steps = [
-        json.loads(line)["step"]
-        for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
-        if json.loads(line)["event"] == "train"
-    ]
-    assert steps == [1, 2, 3, 4, 5, 6]
+        assert torch.equal(p, q)  # optimizer/scheduler/RNG state restored too: bit-exact
+    assert _train_losses(tmp_path / "b") == _train_losses(tmp_path / "a")  # each step's loss, bit-exact
     # a longer max_steps is an allowed change on resume: the step count continues
-    _, res_c, _ = _run(tmp_path / "b", [], resume=True, max_steps=8, cfg={"a": 1, "train": {"max_steps": 8}})
+    cfg = {"a": 1, "train": {"max_steps": 8}}
+    _, res_c, _ = _run(tmp_path / "b", [], resume=True, max_steps=8, cfg=cfg, engine=engine)
     assert res_c["step"] == 8
 
 
-def test_out_dir_guards_and_corrupt_checkpoint(tmp_path):
+def _train_losses(out) -> dict[int, float]:
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {e["step"]: e["loss"] for e in events if e["event"] == "train"}
+
+
+def _corrupt_rng(engine: str, out):
+    """Yield (how, break_it) cases that leave the newest checkpoint's RNG state truncated or foreign."""
+    new, old = list_checkpoints(out)[-1], list_checkpoints(out)[-2]
+    name = "rng_state_0.safetensors" if engine == "accelerate" else "checkpoint.safetensors"
+    good = (new / name).read_bytes()
+
+    def truncate():
+        (new / name).write_bytes(good[: len(good) // 2])
+
+    def foreign():  # the state of another step, as if copied over from an older checkpoint
+        shutil.copy(old / name, new / name)
+
+    def not_ours():  # a safetensors file that is not a draftsmith state
+        shutil.copy(out / "final" / "model.safetensors", new / name)
+
+    for how, fn in (("truncated", truncate), ("foreign", foreign), ("not ours", not_ours)):
+        fn()
+        yield how
+        (new / name).write_bytes(good)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_resume_with_a_bad_rng_state_stops_instead_of_diverging(engine, tmp_path):
+    out = tmp_path / "run"
+    _run(out, [], max_steps=4, cfg={"a": 1, "train": {"max_steps": 4}}, engine=engine)
+    events = (out / "metrics.jsonl").read_text()
+    for how in _corrupt_rng(engine, out):
+        with pytest.raises(DraftsmithError, match="step-0000004") as err:
+            _run(out, [], max_steps=6, resume=True, cfg={"a": 1, "train": {"max_steps": 6}}, engine=engine)
+        assert "\n" not in str(err.value) and "delete" in str(err.value), (how, str(err.value))
+        assert (out / "metrics.jsonl").read_text() == events, how  # stopped before writing anything
+    assert not list((out / "checkpoints").glob("random_states_*.pkl"))  # no pickle for the RNG state
+    # resuming a checkpoint with the other engine is one line too
+    other = ENGINES[1 - ENGINES.index(engine)]
+    with pytest.raises(
+        DraftsmithError, match=f"written by the {engine} engine; resume it with --engine {engine}"
+    ):
+        _run(out, [], max_steps=6, resume=True, cfg={"a": 1, "train": {"max_steps": 6}}, engine=other)
+    _, res, _ = _run(
+        out, [], max_steps=6, resume=True, cfg={"a": 1, "train": {"max_steps": 6}}, engine=engine
+    )
+    assert res["step"] == 6  # the intact checkpoint still resumes
+
+
+def test_resume_reads_checkpoints_with_accelerates_rng_pickle(tmp_path):
+    # checkpoints written before RNG states were safetensors hold accelerate's random_states_0.pkl (loaded
+    # weights_only): they resume bit-exact, and a corrupt one stops the resume too
+    from draftsmith.statefile import load_state
+
+    _run(tmp_path / "a", [])
+    out = tmp_path / "b"
+    with pytest.raises(Killed):
+        _run(out, [], kill_at=9)
+    ckpt = list_checkpoints(out)[-1]
+    rng = load_state(ckpt / "rng_state_0.safetensors")[0]
+    legacy = {"step": 4, "random_state": rng["python"], "numpy_random_seed": rng["numpy"]}
+    torch.save({**legacy, "torch_manual_seed": rng["torch"]}, ckpt / "random_states_0.pkl")
+    (ckpt / "rng_state_0.safetensors").unlink()
+    good = (ckpt / "random_states_0.pkl").read_bytes()
+    (ckpt / "random_states_0.pkl").write_bytes(good[:100])
+    with pytest.raises(DraftsmithError, match="random_states_0.pkl is corrupt"):
+        _run(out, [], resume=True)
+    (ckpt / "random_states_0.pkl").write_bytes(good)
+    _run(out, [], resume=True)
+    assert _train_losses(out) == _train_losses(tmp_path / "a")
+
+
+def test_foreign_optimizer_state_is_one_error_without_warnings(tmp_path):
+    import collections
+    import pickle
+    import warnings
+
     out = tmp_path / "run"
     _run(out, [], max_steps=2, cfg={"a": 1})
+    # a pickle torch's weights_only loader refuses (it warns about the protocol first)
+    (list_checkpoints(out)[-1] / "optimizer.bin").write_bytes(pickle.dumps(collections.Counter("abc")))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(DraftsmithError, match="step-0000002 could not be loaded .UnpicklingError"):
+            _run(out, [], max_steps=4, resume=True, cfg={"a": 1})
+    assert not [str(w.message) for w in caught if "pickle" in str(w.message).lower()]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_out_dir_guards_and_corrupt_checkpoint(engine, tmp_path):
+    out = tmp_path / "run"
+    _run(out, [], max_steps=2, cfg={"a": 1}, engine=engine)
     with pytest.raises(DraftsmithError, match="another run"):
-        _run(out, [], max_steps=2, cfg={"a": 2})
+        _run(out, [], max_steps=2, cfg={"a": 2}, engine=engine)
     with pytest.raises(DraftsmithError, match="--resume"):
-        _run(out, [], max_steps=2, cfg={"a": 1})
+        _run(out, [], max_steps=2, cfg={"a": 1}, engine=engine)
     with pytest.raises(DraftsmithError, match="no run to resume"):
-        _run(tmp_path / "fresh", [], resume=True)
+        _run(tmp_path / "fresh", [], resume=True, engine=engine)
     # a half-written checkpoint (tmp name) is ignored; a renamed one without its state file is named as corrupt
     ckpt = list_checkpoints(out)[-1]
     shutil.copytree(ckpt, out / "checkpoints" / ".tmp-step-0000009")
     (ckpt / "trainer_state.json").write_text("{not json")
     with pytest.raises(DraftsmithError, match="step-0000002 is corrupt"):
-        _run(out, [], max_steps=4, resume=True, cfg={"a": 1})
-    # overwrite wipes the old run
-    _, res, _ = _run(out, [], max_steps=2, overwrite=True, cfg={"a": 3})
+        _run(out, [], max_steps=4, resume=True, cfg={"a": 1}, engine=engine)
+    # overwrite wipes the old run (Lightning's CSV logs included)
+    _, res, _ = _run(out, [], max_steps=2, overwrite=True, cfg={"a": 3}, engine=engine)
     assert res["step"] == 2 and len(list_checkpoints(out)) == 1
+    logs = sorted(p.name for p in (out / "lightning_logs").glob("*"))
+    assert logs == (["version_0"] if engine == "lightning" else [])
 
 
 def test_train_args_validation_and_empty_data(tmp_path):

@@ -127,7 +127,7 @@ def medusa_head(tiny_dirs, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from draftsmith.heads.io import save_head
-    from draftsmith.heads.medusa import MedusaHeads
+    from draftsmith.heads.medusa.model import MedusaHeads
 
     target = AutoModelForCausalLM.from_pretrained(tiny_dirs["target"])
     return save_head(MedusaHeads.from_target(target, num_heads=2), tmp_path / "head")
@@ -272,7 +272,7 @@ def pushable(tmp_path):
     from test_modelcard import EVAL
 
     from draftsmith.heads.io import save_head
-    from draftsmith.heads.medusa import MedusaHeads
+    from draftsmith.heads.medusa.model import MedusaHeads
     from draftsmith.testing import tiny_llama
 
     head = save_head(MedusaHeads.from_target(tiny_llama(seed=0), num_heads=2), tmp_path / "run" / "final")

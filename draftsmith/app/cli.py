@@ -5,8 +5,9 @@
     draftsmith generate --target ... --prompts ... --out DIR
     draftsmith eval --target T --drafter draft:DIR --prompts builtin:dev-eval
     draftsmith check --target T --draft D     # tokenizer compatibility, no weights loaded
-    draftsmith export CKPT --format hf|sglang-eagle3|speculators|vllm-medusa --out DIR
+    draftsmith export CKPT --format FORMAT --out DIR   # the formats of the checkpoint's kind
     draftsmith push CKPT REPO_ID [--private] [--dry-run DIR]
+    draftsmith layerskip --target T --out DIR  # measured skip set: a layerskip:DIR drafter
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ COMMANDS = {
     "export": ("draftsmith.app.export", "export a checkpoint for transformers, vLLM or SGLang"),
     "push": ("draftsmith.app.push", "publish a checkpoint with a model card to the Hugging Face Hub"),
     "layerskip": (
-        "draftsmith.app.selfspec",
+        "draftsmith.app.layerskip",
         "pick the layers a target skips to draft for itself (measured here); write a layerskip: drafter",
     ),
 }

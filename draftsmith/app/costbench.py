@@ -34,22 +34,19 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.app.drafters import tune_proposer
+from draftsmith.app.drafters import DRAFTERS, tune_proposer
 from draftsmith.app.shapes import DRAFT_FOR, SHAPES, n_params, random_causal_lm
 from draftsmith.cpulayout import tune_linears
 from draftsmith.decode.decoder import SpeculativeDecoder
-from draftsmith.decode.drafters import parse_kv
 from draftsmith.decode.proposer import Proposer
-from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
 from draftsmith.decode.speed import StepCosts, measure_forward_costs
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import write_json, write_text
+from draftsmith.kinds import CostSettings, DrafterKind, parse_options
 from draftsmith.sampling import SamplingParams
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 ACCEPT = 2  # draft tokens accepted per measured step (advance work grows with it; 2 is typical of trained drafters)
-MEDUSA_TOP1 = (0.56, 0.32, 0.20, 0.15)  # Medusa paper's per-head top-1 on a 7B: shapes the timed tree only
-EAGLE_DEFAULTS = {"top_k": 8, "depth": 6, "total_tokens": 24}  # EagleProposer's defaults
 
 
 @dataclass
@@ -88,99 +85,23 @@ class Budget:
         return True
 
 
-# -- drafters at real size ------------------------------------------------------------------------------------
-def _draft(target, a: BenchArgs, opts: dict) -> Proposer:
-    model = random_causal_lm(DRAFT_FOR[a.shape], a.device, _dtype(a.dtype), seed=1)
-    return DraftModelProposer(model, target.config.vocab_size)
-
-
-def _ngram(target, a: BenchArgs, opts: dict) -> Proposer:
-    return NGramProposer(max_n=opts.get("max", 3), min_n=opts.get("min", 1))
-
-
-def _medusa(target, a: BenchArgs, opts: dict) -> Proposer:
-    from draftsmith.heads.medusa import MedusaHeads
-    from draftsmith.heads.proposers import MedusaProposer
-    from draftsmith.heads.trees import medusa_tree
-
-    with torch.device(a.device):
-        heads = MedusaHeads.from_target(target, num_heads=len(MEDUSA_TOP1), num_layers=1)
-    heads = heads.to(target.dtype).eval().requires_grad_(False)
-    acc = [[top1 * 0.5**r for r in range(10)] for top1 in MEDUSA_TOP1]
-    paths = medusa_tree(acc, opts.get("total_tokens", 16), opts.get("depth"))
-    return MedusaProposer(heads, target.config.num_hidden_layers, paths)
-
-
-def _eagle3(target, a: BenchArgs, opts: dict) -> Proposer:
-    from draftsmith.heads.proposers import EagleProposer
-
-    return EagleProposer(_eagle3_head(target, a), target, **{**EAGLE_DEFAULTS, **opts})
-
-
-def _eagle3_head(target, a: BenchArgs):
-    """A random EAGLE-3 head at the target's shape with an `a.eagle_draft_vocab`-token draft vocabulary."""
-    from draftsmith.heads.eagle import EagleHead, default_aux_layers
-
-    v = target.config.vocab_size
-    draft_vocab = torch.arange(min(a.eagle_draft_vocab, v))
-    with torch.device(a.device):
-        head = EagleHead.from_target(
-            target,
-            "eagle3",
-            draft_vocab_ids=draft_vocab,
-            aux_layers=default_aux_layers(target.config.num_hidden_layers),
-        )
-    return head.to(target.dtype).eval().requires_grad_(False)
-
-
-BLOCK_SHAPES = {  # target shape -> (DFlash block size, DFlash layers, draft vocab; 0 = the target's full head)
-    "llama-3.1-8b": (16, 5, 0),  # recipes/heads-llama3.1-8b-dflash.yaml: z-lab's published shape
-    "smollm2-135m": (8, 1, 8192),  # recipes/heads-smollm2-135m-dflash.yaml
-    "tiny-target": (8, 1, 0),
-}
-
-
-def _dflash(target, a: BenchArgs, opts: dict) -> Proposer:
-    from draftsmith.heads.block_proposers import DFlashProposer
-    from draftsmith.heads.dflash import DFlashDrafter
-
-    block, layers, vocab = BLOCK_SHAPES[a.shape]
-    v = target.config.vocab_size
-    with torch.device(a.device):
-        d = DFlashDrafter.from_target(
-            target,
-            draft_vocab_ids=torch.arange(min(vocab, v) if vocab else v),
-            mask_token_id=0,
-            block_size=block,
-            num_layers=layers,
-            freeze_lm_head=not vocab,
-        )
-    d = d.to(target.dtype).eval().requires_grad_(False)
-    return DFlashProposer(d, target, top_k=opts.get("top_k", 1), total_tokens=opts.get("total_tokens", 16))
-
-
-def _peagle(target, a: BenchArgs, opts: dict) -> Proposer:
-    from draftsmith.heads.block_proposers import PEagleProposer
-    from draftsmith.heads.peagle import PEagleHead
-
-    depth = opts.get("depth") or a.k  # one forward computes every depth the head has: size it to the draft
-    head = PEagleHead.from_target_head(_eagle3_head(target, a), mask_token_id=0, num_depths=max(depth, 2))
-    head = head.to(target.dtype).eval().requires_grad_(False)
-    return PEagleProposer(
-        head, target, top_k=opts.get("top_k", 1), total_tokens=opts.get("total_tokens", 16), depth=depth
-    )
-
-
-BUILDERS: dict[str, tuple[Callable, dict[str, type]]] = {
-    # kind -> (builder(target, args, opts), the spec options the builder honours)
-    "draft": (_draft, {}),
-    "ngram": (_ngram, {"max": int, "min": int}),
-    "medusa": (_medusa, {"total_tokens": int, "depth": int}),
-    "eagle3": (_eagle3, {"top_k": int, "depth": int, "total_tokens": int}),
-    "dflash": (_dflash, {"top_k": int, "total_tokens": int}),
-    "peagle": (_peagle, {"top_k": int, "total_tokens": int, "depth": int}),
-}
+# -- drafters at real size: each kind's record builds its own (DrafterKind.cost) ---------------------------------
 ALIASES = {"eagle": "eagle3"}  # an `eagle:` profile is timed with the EAGLE-3 head (EAGLE-1 is one layer too)
+
+
+def _cost_kind(kind: str) -> DrafterKind | None:
+    rec = DRAFTERS.get(ALIASES.get(kind, kind))
+    return rec if rec is not None and rec.cost is not None else None
+
+
+def cost_kinds() -> list[str]:
+    """Kinds with a cost-model builder."""
+    return sorted(name for name, rec in DRAFTERS.items() if rec.cost is not None)
+
+
+def _build(kind: str, target, a: BenchArgs, opts: dict) -> Proposer:
+    settings = CostSettings(shape=a.shape, device=a.device, k=a.k, draft_vocab=a.eagle_draft_vocab)
+    return _cost_kind(kind).cost(target, settings, opts)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -274,19 +195,20 @@ def load_profile(path: str | Path) -> dict:
             f"profile {p}: missing {', '.join(missing)}; pass a `draftsmith eval` eval.json"
         )
     kind = ALIASES.get(cond["drafter_kind"], cond["drafter_kind"])
-    if kind not in BUILDERS:
+    rec = _cost_kind(kind)
+    if rec is None:
         raise DraftsmithError(
-            f"profile {p}: drafter kind {kind!r} has no cost builder; known: {', '.join(BUILDERS)}"
+            f"profile {p}: drafter kind {kind!r} has no cost builder; known: {', '.join(cost_kinds())}"
         )
-    # the spec's key=value options this kind's cost builder honours (a leading folder, `ngram:` has none, is skipped)
+    # the spec's key=value options (a leading folder, `ngram:` has none, is skipped)
     spec_arg = str(cond.get("drafter", "")).partition(":")[2]
-    allowed = BUILDERS[kind][1]
+    allowed = {o.name for o in rec.options}
     known = ",".join(o for o in spec_arg.split(",") if "=" in o and o.partition("=")[0] in allowed)
     return {
         "name": data.get("name") or (p.parent.name if p.stem == "eval" else p.stem),
         "kind": kind,
         "k": int(cond["k"]),
-        "opts": parse_kv(known, allowed, kind),
+        "opts": parse_options(rec.options, known, kind),
         "tau": float(data["tau"]),
         "alpha_per_position": data.get("alpha_per_position"),
         "measured_speedup": data.get("speedup"),
@@ -387,7 +309,7 @@ def run(
         if key in out["drafters"] or not budget.ok(f"drafter/{key}"):
             continue
         if (kind, opts) not in built:
-            built[(kind, opts)] = tune_proposer(BUILDERS[kind][0](target, a, dict(opts)))
+            built[(kind, opts)] = tune_proposer(_build(kind, target, a, dict(opts)))
         res = time_proposer(built[(kind, opts)], target, a.context, k, steps=a.reps)
         out["drafters"][key] = res
         progress(f"drafter {key}: {res['step_s'] * 1e3:.2f} ms/step, {res['nodes']:.1f} nodes")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from draftsmith.app.drafters import DRAFTERS
 from draftsmith.errors import DraftsmithError
 from draftsmith.hub import push_to_hub
 
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         token=token,
         require_results=not args.no_results,
         commit_message=args.message,
+        kinds=DRAFTERS,  # a native folder's tensors are checked against its kind before anything is staged
     )
     print(f"{'staged in' if args.dry_run else 'pushed:'} {where}")
     return 0

@@ -81,7 +81,7 @@ def _synthetic(vocab: int, batch: int, length: int, n_batches: int, seed: int = 
 
 def bench_eagle3(target, a: TrainBenchArgs, accelerator, out_dir: Path) -> dict:
     from draftsmith.heads.data import collate
-    from draftsmith.heads.eagle import EagleHead, default_aux_layers
+    from draftsmith.heads.eagle.model import EagleHead, default_aux_layers
     from draftsmith.heads.hidden import HiddenStates
     from draftsmith.heads.recipe import LossSection
     from draftsmith.heads.training import HeadTrainer
@@ -130,7 +130,7 @@ def bench_distill(target, a: TrainBenchArgs, accelerator, out_dir: Path) -> dict
     )
     res = _timed(
         DraftLM(draft, None),
-        make_loss_fn(target, policy, LossArgs(kind="fkl")),
+        make_loss_fn(target, policy, LossArgs(kind="fkl"))[0],
         policy,
         a,
         accelerator,

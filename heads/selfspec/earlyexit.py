@@ -20,9 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.common import target_info
-from draftsmith.heads.eagle import MLP, Attention, LayerShape, RMSNorm, llama_shape, rope_cos_sin
-from draftsmith.heads.losses import shift_left
+from draftsmith.heads.common import shift_left, target_info
+from draftsmith.heads.layers import MLP, Attention, LayerShape, RMSNorm, llama_shape, rope_cos_sin
 
 HEAD_TYPE = "earlyexit"
 
@@ -147,7 +146,10 @@ def earlyexit_loss(
     last = feats["last"].to(dtype)
     pos = torch.arange(t, device=dev)[None].expand(b, t)
     cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, dtype)
-    mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril()[None, None] & attention_mask.bool()[:, None, None]
+    mask = (
+        torch.ones(t, t, dtype=torch.bool, device=dev).tril()[None, None]
+        & attention_mask.bool()[:, None, None]
+    )
     valid = shift_left(loss_mask, 1).bool()  # rows whose distribution predicts a trained token
     n = int(valid.sum())
     if n == 0:

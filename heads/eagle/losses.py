@@ -14,25 +14,14 @@ the simulated tau = 1 + sum_i prod_{j<=i} a_j (draftsmith.acceptance.tau_from_co
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from draftsmith.acceptance import tau_from_conditional
 from draftsmith.divergences import divergence
-from draftsmith.heads.eagle import EagleHead
+from draftsmith.heads.common import DepthAcceptance, shift_left
+from draftsmith.heads.eagle.model import EagleHead
 from draftsmith.modeling import base_decoder, output_head
-
-EagleLoss = Literal["soft_ce", "fkl", "rkl", "jsd", "tvd", "neg_log_accept", "lk"]
-
-
-def shift_left(x: torch.Tensor, s: int) -> torch.Tensor:
-    """x [B, T, ...] -> y with y[:, t] = x[:, t+s] (zeros past the end)."""
-    if s == 0:
-        return x
-    return torch.cat([x[:, s:], x.new_zeros(x[:, :s].shape)], 1)
 
 
 def _soft_ce_chunk(draft_h, target_h, weight):
@@ -86,29 +75,6 @@ def ttt_unroll(
         yield i, out
 
 
-class _DepthAcceptance:
-    """Greedy acceptance per unroll depth i, conditional on depths < i accepted, at every column t (a draft chain
-    rooted at t uses steps 0..i at the same column): acc_i, top1_i (unconditional) and the simulated tau."""
-
-    def __init__(self, shape: tuple[int, int], device):
-        self.alive = torch.ones(shape, dtype=torch.bool, device=device)
-        self.accepts: list[float] = []
-        self.metrics: dict[str, float] = {}
-
-    @torch.no_grad()
-    def update(self, i: int, valid: torch.Tensor, draft_top: torch.Tensor, target_top: torch.Tensor) -> None:
-        ok = torch.zeros_like(self.alive)
-        ok[valid] = draft_top == target_top
-        prev = self.alive & valid
-        self.metrics[f"acc_{i}"] = float((ok & prev).sum()) / max(int(prev.sum()), 1)
-        self.metrics[f"top1_{i}"] = float(ok.sum()) / max(int(valid.sum()), 1)
-        self.accepts.append(self.metrics[f"acc_{i}"])
-        self.alive &= ok
-
-    def result(self, attention_mask: torch.Tensor) -> dict[str, float]:
-        return {**self.metrics, "tau_sim": tau_from_conditional(self.accepts), "n_tokens": float(attention_mask.sum())}
-
-
 def _tables(target):
     """The frozen target's input embeddings and lm_head weight, both [V, H], in the target's dtype."""
     return base_decoder(target).embed_tokens.weight, output_head(target).weight
@@ -155,7 +121,7 @@ def eagle3_loss(
             tgt_probs = torch.zeros(b, t, w_d.shape[0], dtype=torch.float32, device=input_ids.device)
             tgt_probs[any_valid] = torch.softmax(draft_vocab_logits.float(), -1)
     total = last.new_zeros((), dtype=torch.float32)
-    acceptance = _DepthAcceptance((b, t), input_ids.device)
+    acceptance = DepthAcceptance((b, t), input_ids.device)
     steps = ttt_steps or cfg.ttt_steps
     for i, out in ttt_unroll(head, embed_weight, feats["aux"].to(dtype), input_ids, attention_mask, steps):
         valid = shift_left(loss_mask, 2 + i).bool()
@@ -205,8 +171,10 @@ def eagle1_loss(
         tgt_top = torch.zeros(b, t, dtype=torch.long, device=input_ids.device)
         tgt_top[any_valid] = F.linear(last[any_valid], lm_full).argmax(-1)
     total = last.new_zeros((), dtype=torch.float32)
-    acceptance = _DepthAcceptance((b, t), input_ids.device)
-    for i, out in ttt_unroll(head, embed_weight, hidden, input_ids, attention_mask, ttt_steps or cfg.ttt_steps):
+    acceptance = DepthAcceptance((b, t), input_ids.device)
+    for i, out in ttt_unroll(
+        head, embed_weight, hidden, input_ids, attention_mask, ttt_steps or cfg.ttt_steps
+    ):
         valid = shift_left(loss_mask, 2 + i).bool()
         n = int(valid.sum())
         if n == 0:

@@ -27,32 +27,59 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.app.exporters.eagle3 import (
-    DTYPES,
-    LLAMA_KEYS,
-    check_vocab_map,
-    full_vocab,
-    speculators_eagle3,
-)
-from draftsmith.app.exporters.verifier import EMBED, resolve_verifier, target_embeddings
 from draftsmith.checkpoint import (
     Checkpoint,
     TensorInfo,
     check_tensor_set,
-    expected_head_tensors,
+    head_dims,
+    head_export,
+    int_field,
+    llama_layer_tensors,
     target_field,
 )
 from draftsmith.errors import DraftsmithError
+from draftsmith.heads.eagle.export import (
+    DTYPES,
+    LLAMA_KEYS,
+    check_speculators,
+    check_vocab_map,
+    eagle3_tensors,
+    full_vocab,
+    speculators_eagle3,
+)
+from draftsmith.kinds import ExportFormat
+from draftsmith.verifier import EMBED, resolve_verifier, target_embeddings
 
-KINDS = ("dflash", "peagle")
 QWEN3_KEYS = (*LLAMA_KEYS, "vocab_size", "num_hidden_layers")  # the decoder-layer fields, plus these
 
 
-def _dflash_common(ckpt: Checkpoint) -> tuple[dict, list[int], dict[str, torch.Tensor]]:
-    where = f"dflash checkpoint {ckpt.path}"
-    if ckpt.kind != "dflash":
-        raise DraftsmithError(f"{ckpt.path} is a {ckpt.kind} checkpoint, not a DFlash drafter")
-    cfg = ckpt.config
+def dflash_tensors(cfg: dict, where: str) -> tuple[dict, dict]:
+    """(required, optional) tensor name -> shape of a DFlash drafter: Qwen3-style layers (q/k norms) over
+    [context K/V; block], fc over n fused target layers."""
+    d = head_dims(cfg, where)
+    ht = cfg.get("target_hidden_size") or d["H"]
+    n_aux = len(cfg.get("aux_hidden_state_layer_ids") or [])
+    vd, n_layers = int_field(cfg, "draft_vocab_size", where), int_field(cfg, "num_hidden_layers", where)
+    int_field(cfg, "block_size", where, minimum=2)
+    if n_aux < 1:
+        raise DraftsmithError(f"{where}: config lists no aux_hidden_state_layer_ids; re-save the drafter")
+    req = {"fc.weight": (d["H"], n_aux * ht), "hidden_norm.weight": (d["H"],), "norm.weight": (d["H"],)}
+    for i in range(n_layers):
+        req.update(llama_layer_tensors(f"layers.{i}.", d, 1, input_norm=True))
+        req[f"layers.{i}.self_attn.q_norm.weight"] = req[f"layers.{i}.self_attn.k_norm.weight"] = (d["hd"],)
+    req.update({"lm_head.weight": (vd, d["H"]), "d2t": (vd,), "t2d": (d["V"],)})
+    return req, {}
+
+
+def peagle_tensors(cfg: dict, where: str) -> tuple[dict, dict]:
+    """P-EAGLE = EAGLE-3 + the learned placeholder features mask_hidden [1, 1, 3 H_t]."""
+    req, opt = eagle3_tensors(cfg, where)
+    req["mask_hidden"] = (1, 1, req["fc.weight"][1])
+    return req, opt
+
+
+def check_dflash(cfg: dict, where: str) -> list[int]:
+    """The aux ids of a DFlash config, checked for the engines' capture loops (every DFlash format)."""
     n = target_field(cfg, "num_hidden_layers", where)
     ids = cfg.get("aux_hidden_state_layer_ids")
     if cfg.get("aux_layer_convention") != "layer_input":
@@ -64,6 +91,47 @@ def _dflash_common(ckpt: Checkpoint) -> tuple[dict, list[int], dict[str, torch.T
             f"{where}: aux_hidden_state_layer_ids {ids} must be increasing and within [1, {n - 1}] (engines capture "
             "the outputs of target layers 0..N-2); retrain with other layers"
         )
+    return ids
+
+
+def check_sglang_dflash(cfg: dict, where: str) -> None:
+    """SGLang's DFlash folder: the target's full frozen head (no lm_head) and the target's width."""
+    check_dflash(cfg, where)
+    if not cfg.get("frozen_lm_head") or cfg.get("draft_vocab_size") != cfg.get("vocab_size"):
+        raise DraftsmithError(
+            f"{where}: SGLang's DFlash folder has no lm_head (it uses the target's full-vocabulary head) but this "
+            f"drafter trains its own {cfg.get('draft_vocab_size')}-row head; export --format speculators-dflash, or "
+            "train with head.draft_vocab_size: 0 (the target's frozen head)"
+        )
+    if cfg.get("hidden_size") != cfg.get("target_hidden_size"):
+        raise DraftsmithError(
+            f"{where}: SGLang sizes DFlash's fc as n_features * hidden_size, so the draft hidden size "
+            f"{cfg.get('hidden_size')} must equal the target's {cfg.get('target_hidden_size')}; use speculators-dflash"
+        )
+
+
+def check_speculators_dflash(cfg: dict, where: str) -> None:
+    """speculators' DFlashSpeculator: the target's width, and a full-vocabulary head only if it is the frozen one."""
+    check_dflash(cfg, where)
+    if cfg.get("hidden_size") != cfg.get("target_hidden_size"):
+        raise DraftsmithError(
+            f"{where}: speculators sizes DFlash's fc as n_aux * hidden_size, so the draft hidden size "
+            f"{cfg.get('hidden_size')} must equal the target's {cfg.get('target_hidden_size')}; retrain at the "
+            "target's width"
+        )
+    if cfg.get("draft_vocab_size") == cfg.get("vocab_size") and not cfg.get("frozen_lm_head"):
+        raise DraftsmithError(
+            f"{where}: speculators replaces a full-vocabulary DFlash lm_head with the target's on load, but this "
+            "drafter trains its own; use a reduced draft vocabulary or head.draft_vocab_size: 0 (frozen)"
+        )
+
+
+def _dflash_common(ckpt: Checkpoint) -> tuple[dict, list[int], dict[str, torch.Tensor]]:
+    where = f"dflash checkpoint {ckpt.path}"
+    if ckpt.kind != "dflash":
+        raise DraftsmithError(f"{ckpt.path} is a {ckpt.kind} checkpoint, not a DFlash drafter")
+    cfg = ckpt.config
+    ids = check_dflash(cfg, where)
     tensors = ckpt.load()
     check_vocab_map(tensors["d2t"], tensors["t2d"], where)
     layer = {k: cfg[k] for k in QWEN3_KEYS if cfg.get(k) is not None}
@@ -78,27 +146,17 @@ def _dflash_common(ckpt: Checkpoint) -> tuple[dict, list[int], dict[str, torch.T
 
 
 def _check(tensors: dict[str, torch.Tensor], spec: dict, kind: str, where: str, drop=()) -> None:
-    req, opt = expected_head_tensors(kind, spec, where)
+    req, opt = (dflash_tensors if kind == "dflash" else peagle_tensors)(spec, where)
     for k in drop:
         req.pop(k, None)
     check_tensor_set({k: TensorInfo(tuple(v.shape), "") for k, v in tensors.items()}, req, opt, where)
 
 
-def sglang_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
+def sglang_dflash(ckpt: Checkpoint, opts=None) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json, tensors) for SGLang `--speculative-algorithm DFLASH --speculative-draft-model-path DIR`."""
     layer, ids, tensors = _dflash_common(ckpt)
     cfg = ckpt.config
-    if not cfg.get("frozen_lm_head") or cfg["draft_vocab_size"] != cfg["vocab_size"]:
-        raise DraftsmithError(
-            f"{ckpt.path}: SGLang's DFlash folder has no lm_head (it uses the target's full-vocabulary head) but this "
-            f"drafter trained its own {cfg['draft_vocab_size']}-row head; export --format speculators-dflash, or "
-            "train with head.draft_vocab_size: 0 (the target's frozen head)"
-        )
-    if cfg["hidden_size"] != cfg["target_hidden_size"]:
-        raise DraftsmithError(
-            f"{ckpt.path}: SGLang sizes DFlash's fc as n_features * hidden_size, so the draft hidden size "
-            f"{cfg['hidden_size']} must equal the target's {cfg['target_hidden_size']}; use speculators-dflash"
-        )
+    check_sglang_dflash(cfg, str(ckpt.path))
     block = int(cfg["block_size"])
     out = {k: v.contiguous() for k, v in tensors.items() if k not in ("lm_head.weight", "d2t", "t2d")}
     config = {
@@ -117,27 +175,19 @@ def sglang_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
     return config, out
 
 
-def _verifier(ckpt: Checkpoint) -> dict:
+def _verifier(ckpt: Checkpoint, override: str | None) -> dict:
     target = ckpt.config.get("target") or {}
-    name, _ = resolve_verifier(ckpt)  # a Hub id or a folder vLLM can load, never a bare folder name
+    name, _ = resolve_verifier(ckpt, override)  # a Hub id or a folder vLLM can load, never a bare folder name
     return {"name_or_path": name, "architectures": list(target.get("architectures") or [])}
 
 
-def speculators_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
+def speculators_dflash(ckpt: Checkpoint, opts=None) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json, tensors) in vLLM's speculators DFlash layout (reduced vocabulary kept, d2t / t2d)."""
     layer, ids, tensors = _dflash_common(ckpt)
     cfg = ckpt.config
-    if cfg["hidden_size"] != cfg["target_hidden_size"]:
-        raise DraftsmithError(
-            f"{ckpt.path}: speculators sizes DFlash's fc as n_aux * hidden_size, so the draft hidden size "
-            f"{cfg['hidden_size']} must equal the target's {cfg['target_hidden_size']}; retrain at the target's width"
-        )
+    check_speculators_dflash(cfg, str(ckpt.path))
     full = full_vocab(tensors)
-    if full and not cfg.get("frozen_lm_head"):
-        raise DraftsmithError(
-            f"{ckpt.path}: speculators replaces a full-vocabulary DFlash lm_head with the target's on load, but this "
-            "drafter trained its own; retrain with a reduced draft vocabulary or head.draft_vocab_size: 0 (frozen)"
-        )
+    verifier = getattr(opts, "verifier", None)
     block = int(cfg["block_size"])
     config = {
         "architectures": ["DFlashSpeculator"],
@@ -153,7 +203,7 @@ def speculators_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]
                 }
             ],
             "default_proposal_method": "greedy",
-            "verifier": _verifier(ckpt),
+            "verifier": _verifier(ckpt, verifier),
         },
         "transformer_layer_config": {**layer, "architectures": ["Qwen3ForCausalLM"]},
         "draft_vocab_size": int(tensors["d2t"].numel()),
@@ -169,7 +219,7 @@ def speculators_dflash(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]
     _check(out, cfg, "dflash", f"speculators-dflash export of {ckpt.path}", drop=vocab_map)
     if EMBED not in out:
         # speculators' DFlash model (DraftVocabMixin) NaN-fills embed_tokens unless the folder carries it
-        name, local = resolve_verifier(ckpt)
+        name, local = resolve_verifier(ckpt, verifier)
         emb = target_embeddings(ckpt, name, local, shape=(int(cfg["vocab_size"]), int(cfg["hidden_size"])))
         out[EMBED] = emb.to(tensors["fc.weight"].dtype).contiguous()
     return config, out
@@ -182,20 +232,22 @@ class _AsEagle3(Checkpoint):
         return {k: v for k, v in super().load(names).items() if k != "mask_hidden"}
 
 
-def speculators_peagle(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
+def speculators_peagle(ckpt: Checkpoint, opts=None) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json, tensors) in vLLM's speculators P-EAGLE layout: EAGLE-3's + mask_hidden, mask_token_id."""
     if ckpt.kind != "peagle":
-        raise DraftsmithError(f"{ckpt.path} is a {ckpt.kind} checkpoint, not P-EAGLE")
+        raise DraftsmithError(f"{ckpt.path} is a {ckpt.kind} checkpoint, not a P-EAGLE head")
     depths = int(ckpt.config.get("num_depths", 0))
     base = _AsEagle3(ckpt.path, "eagle3", ckpt.config, ckpt.tensors)
-    cfg, out = speculators_eagle3(base, speculative_tokens=depths)
+    cfg, out = speculators_eagle3(base, speculative_tokens=depths, verifier=getattr(opts, "verifier", None))
     mask_hidden = ckpt.load(["mask_hidden"])["mask_hidden"]
     want = (1, 1, 3 * int(cfg["target_hidden_size"]))
     if tuple(mask_hidden.shape) != want:
         raise DraftsmithError(
             f"{ckpt.path}: mask_hidden has shape {list(mask_hidden.shape)}, expected {list(want)}"
         )
-    out["mask_hidden"] = mask_hidden.contiguous()  # (speculators_eagle3 drops d2t / t2d for a full vocabulary)
+    out["mask_hidden"] = (
+        mask_hidden.contiguous()
+    )  # (speculators_eagle3 drops d2t / t2d for a full vocabulary)
     cfg.update(
         architectures=["PEagleSpeculator"],
         speculators_model_type="peagle",
@@ -206,7 +258,7 @@ def speculators_peagle(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]
     return cfg, out
 
 
-def native(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
+def native(ckpt: Checkpoint, opts=None) -> tuple[dict, dict[str, torch.Tensor]]:
     """The draftsmith folder itself (config.json with draftsmith_head_type + model.safetensors), re-validated: what
     `draftsmith eval --drafter dflash:DIR | peagle:DIR` and load_head read."""
     tensors = ckpt.load()
@@ -214,3 +266,14 @@ def native(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
         _dflash_common(ckpt)
     _check(tensors, ckpt.config, ckpt.kind, f"hf export of {ckpt.path}")
     return dict(ckpt.config), {k: v.contiguous() for k, v in tensors.items()}
+
+
+SGLANG_DFLASH = ExportFormat("sglang-dflash", head_export(sglang_dflash), check=check_sglang_dflash)
+SPECULATORS_DFLASH = ExportFormat(
+    "speculators-dflash", head_export(speculators_dflash), check=check_speculators_dflash, names_verifier=True
+)
+NATIVE_DFLASH = ExportFormat("hf", head_export(native), check=check_dflash)
+SPECULATORS_PEAGLE = ExportFormat(
+    "speculators-peagle", head_export(speculators_peagle), check=check_speculators, names_verifier=True
+)
+NATIVE_PEAGLE = ExportFormat("hf", head_export(native))

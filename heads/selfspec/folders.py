@@ -1,8 +1,8 @@
-"""Self-speculative drafter folders and builders: `layerskip:DIR` and `earlyexit:DIR` (draftsmith.decode.selfspec).
+"""Self-speculative drafter folders and builders: `layerskip:DIR` and `earlyexit:DIR` (draftsmith.heads.selfspec.drafting).
 
 layerskip DIR: config.json {"draftsmith_drafter": "layerskip", "skip_layers": [...], "target": {target record},
 "search": {what the search measured}} (+ draft_vocab.safetensors: the reduced head's target ids). No weights: the
-draft is the target itself. earlyexit DIR: a head folder (heads.earlyexit adapter, config.json + model.safetensors).
+draft is the target itself. earlyexit DIR: a head folder (heads.selfspec.earlyexit adapter, config.json + model.safetensors).
 Both record the target they were made for; another target is refused with one line before any drafting.
 """
 
@@ -15,17 +15,15 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.decode.drafters import DrafterContext, parse_kv
-from draftsmith.decode.selfspec import NormHeadTop, SelfSpecProposer
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import replace_dir, temp_path, write_json
 from draftsmith.heads.common import check_target, target_info
-from draftsmith.heads.eagle import KVBuffer, rope_cos_sin
-from draftsmith.heads.earlyexit import EarlyExitAdapter
+from draftsmith.heads.layers import KVBuffer, rope_cos_sin
+from draftsmith.heads.selfspec.drafting import NormHeadTop, SelfSpecProposer
+from draftsmith.heads.selfspec.earlyexit import EarlyExitAdapter
 from draftsmith.vocab import load_draft_vocab, save_draft_vocab
 
 LAYERSKIP = "layerskip"
-OPTIONS = {"top_k": int, "depth": int, "total_tokens": int, "stop_below": float, "reuse": int}
 
 
 class EarlyExitTop:
@@ -78,23 +76,6 @@ class EarlyExitTop:
         self.kv.length = self.ctx
 
 
-def _options(opts: str, kind: str) -> dict:
-    o = parse_kv(opts, OPTIONS, kind)
-    if "reuse" in o:
-        o["reuse"] = bool(o["reuse"])
-    return o
-
-
-def _split(arg: str, kind: str) -> tuple[Path, str]:
-    path, _, opts = arg.partition(",")
-    if not path:
-        raise DraftsmithError(f"drafter '{kind}:' needs a folder: {kind}:DIR[,top_k=1,depth=6,stop_below=0.3]")
-    if not Path(path).is_dir():
-        raise DraftsmithError(f"{kind} folder {path} not found; pass the folder written by draftsmith "
-                              + ("layerskip" if kind == LAYERSKIP else "train/heads.py (head.kind=earlyexit)"))
-    return Path(path), opts
-
-
 def save_layerskip(out: str | os.PathLike, target, skip: list[int], vocab_ids, search: dict) -> Path:
     """Write a layerskip drafter folder (config.json + optional draft_vocab.safetensors), whole or not at all."""
     out = Path(out)
@@ -116,9 +97,13 @@ def read_layerskip(path: str | os.PathLike, target) -> tuple[list[int], torch.Te
     try:
         cfg = json.loads(f.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise DraftsmithError(f"{f} is missing or not JSON ({e}); run draftsmith layerskip to write it") from None
+        raise DraftsmithError(
+            f"{f} is missing or not JSON ({e}); run draftsmith layerskip to write it"
+        ) from None
     if cfg.get("draftsmith_drafter") != LAYERSKIP:
-        raise DraftsmithError(f"{p} is not a layerskip folder (config.json has no draftsmith_drafter=layerskip)")
+        raise DraftsmithError(
+            f"{p} is not a layerskip folder (config.json has no draftsmith_drafter=layerskip)"
+        )
     check_target(cfg.get("target", {}), target, f"layerskip {p}")
     n = target.config.num_hidden_layers
     skip = cfg.get("skip_layers")
@@ -129,23 +114,28 @@ def read_layerskip(path: str | os.PathLike, target) -> tuple[list[int], torch.Te
     return sorted(skip), load_draft_vocab(p), cfg
 
 
-def build_layerskip(arg: str, ctx: DrafterContext) -> SelfSpecProposer:
-    """`layerskip:DIR[,top_k=1,depth=8,total_tokens=N,stop_below=P,reuse=1]`: the target minus DIR's skip set."""
-    path, opts = _split(arg, LAYERSKIP)
-    o = _options(opts, LAYERSKIP)
+def check_layerskip_folder(ckpt) -> None:
+    """A layerskip folder's config.json names its skip set and target (draftsmith.kinds check_folder)."""
+    cfg = ckpt.config
+    if not isinstance(cfg.get("skip_layers"), list) or not isinstance(cfg.get("target"), dict):
+        raise DraftsmithError(
+            f"{ckpt.path}: a layerskip config.json needs skip_layers and target; re-run draftsmith layerskip"
+        )
+
+
+def build_layerskip(path: str, o: dict, ctx) -> SelfSpecProposer:
+    """`layerskip:DIR[,top_k=1,depth=D,total_tokens=N,stop_below=P,reuse=1]`: the target minus DIR's skip set."""
     skip, vocab_ids, _ = read_layerskip(path, ctx.target)
     keep = [i for i in range(ctx.target.config.num_hidden_layers) if i not in set(skip)]
     return SelfSpecProposer(ctx.target, keep, NormHeadTop(ctx.target, vocab_ids), name=LAYERSKIP, **o)
 
 
-def build_earlyexit(arg: str, ctx: DrafterContext) -> SelfSpecProposer:
-    """`earlyexit:DIR[,top_k=1,depth=8,total_tokens=N,stop_below=P,reuse=1]`: first L target layers + adapter."""
+def build_earlyexit(path: str, o: dict, ctx) -> SelfSpecProposer:
+    """`earlyexit:DIR[,top_k=1,depth=D,total_tokens=N,stop_below=P,reuse=1]`: first L target layers + adapter."""
     from draftsmith.heads.io import load_head
 
-    path, opts = _split(arg, "earlyexit")
-    o = _options(opts, "earlyexit")
     ad = load_head(path, ctx.target)
     if not isinstance(ad, EarlyExitAdapter):
-        raise DraftsmithError(f"{path} holds a {ad.head_type} head; use eagle:/medusa:{path}")
+        raise DraftsmithError(f"{path} holds a {ad.head_type} head, not an early-exit adapter")
     top = EarlyExitTop(ad, ctx.target)
     return SelfSpecProposer(ctx.target, range(ad.config.exit_layer), top, name="earlyexit", **o)

@@ -31,15 +31,19 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.app.exporters.verifier import EMBED, resolve_verifier, target_embeddings
 from draftsmith.checkpoint import (
     Checkpoint,
     TensorInfo,
     check_tensor_set,
-    expected_head_tensors,
+    head_dims,
+    head_export,
+    int_field,
+    llama_layer_tensors,
     target_field,
 )
 from draftsmith.errors import DraftsmithError
+from draftsmith.kinds import ExportFormat
+from draftsmith.verifier import EMBED, resolve_verifier, target_embeddings
 
 LLAMA_KEYS = (
     "hidden_size",
@@ -52,6 +56,29 @@ LLAMA_KEYS = (
     "max_position_embeddings",
 )
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def eagle3_tensors(cfg: dict, where: str, layer_prefix: str = "midlayer.") -> tuple[dict, dict]:
+    """(required, optional) tensor name -> shape of an EAGLE-3 head (SGLang's names; speculators': layer_prefix
+    `layers.0.`)."""
+    d = head_dims(cfg, where)
+    ht = cfg.get("target_hidden_size") or (
+        target_field(cfg, "hidden_size", where) if cfg.get("target") else d["H"]
+    )
+    vd = int_field(cfg, "draft_vocab_size", where)
+    req = {"fc.weight": (d["H"], 3 * ht)}
+    req.update(llama_layer_tensors(layer_prefix, d, 2, input_norm=True))
+    req[f"{layer_prefix}hidden_norm.weight"] = (d["H"],)
+    req.update({"norm.weight": (d["H"],), "lm_head.weight": (vd, d["H"]), "d2t": (vd,), "t2d": (d["V"],)})
+    return req, {"embed_tokens.weight": (d["V"], d["H"])}
+
+
+def eagle1_tensors(cfg: dict, where: str) -> tuple[dict, dict]:
+    """(required, optional) tensor name -> shape of an EAGLE-1 head (vLLM's names)."""
+    d = head_dims(cfg, where)
+    req = {"fc.weight": (d["H"], 2 * d["H"]), "fc.bias": (d["H"],)}
+    req.update(llama_layer_tensors("layers.0.", d, 1, input_norm=False))
+    return req, {"embed_tokens.weight": (d["V"], d["H"])}
 
 
 def aux_layer_ids(cfg: dict, num_target_layers: int, where: str) -> list[int]:
@@ -135,12 +162,8 @@ def llama_fields(cfg: dict, where: str) -> dict:
 def _common(ckpt: Checkpoint) -> tuple[dict, list[int], dict[str, torch.Tensor]]:
     where = f"eagle3 checkpoint {ckpt.path}"
     if ckpt.kind != "eagle3":
-        raise DraftsmithError(
-            f"{ckpt.path} is a {ckpt.kind} checkpoint, not EAGLE-3; "
-            + ("use --format vllm-medusa" if ckpt.kind == "medusa" else "these formats need an EAGLE-3 head")
-        )
-    n_layers = target_field(ckpt.config, "num_hidden_layers", where)
-    ids = aux_layer_ids(ckpt.config, n_layers, where)
+        raise DraftsmithError(f"{ckpt.path} is a {ckpt.kind} checkpoint, not an EAGLE-3 head")
+    ids = checked_aux_ids(ckpt.config, where)
     tensors = ckpt.load()
     check_vocab_map(tensors["d2t"], tensors["t2d"], where)
     return llama_fields(ckpt.config, where), ids, tensors
@@ -159,19 +182,41 @@ def _dtype_name(tensors: dict[str, torch.Tensor]) -> str:
 def _check_out(tensors: dict[str, torch.Tensor], fmt: str, cfg: dict, layer_prefix: str) -> None:
     # re-derive the expected names from the *written* sizes, independently of the mapping that produced them
     spec = {**cfg, "vocab_size": cfg["vocab_size"], "target": {"hidden_size": cfg["target_hidden_size"]}}
-    req, opt = expected_head_tensors("eagle3", spec, f"{fmt} export", layer_prefix)
+    req, opt = eagle3_tensors(spec, f"{fmt} export", layer_prefix)
     infos = {k: TensorInfo(tuple(v.shape), "") for k, v in tensors.items()}
     check_tensor_set(infos, req, opt, f"{fmt} export")
 
 
-def sglang_eagle3(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
+def checked_aux_ids(cfg: dict, where: str) -> list[int]:
+    """The aux ids of a head config (draftsmith's layer-input convention), checked for the engines' capture loops."""
+    return aux_layer_ids(cfg, target_field(cfg, "num_hidden_layers", where), where)
+
+
+def check_sglang(cfg: dict, where: str) -> None:
+    """What SGLang's LlamaForCausalLMEagle3 requires of a head config (export and training start-up)."""
+    checked_aux_ids(cfg, where)
+    if cfg.get("norm_before_residual"):
+        raise DraftsmithError(
+            f"{where}: norm_before_residual=true, but SGLang's LlamaForCausalLMEagle3 keeps the un-normalised "
+            "residual; export --format speculators for vLLM instead"
+        )
+
+
+def check_speculators(cfg: dict, where: str) -> None:
+    """What speculators' Eagle3Speculator requires of a head config (export and training start-up)."""
+    checked_aux_ids(cfg, where)
+    h, ht = cfg.get("hidden_size"), cfg.get("target_hidden_size") or target_field(cfg, "hidden_size", where)
+    if h != ht:
+        raise DraftsmithError(
+            f"{where}: head hidden size {h} differs from the target's {ht}; speculators requires them equal "
+            "(its loader refuses the verifier otherwise) - export --format sglang-eagle3 instead"
+        )
+
+
+def sglang_eagle3(ckpt: Checkpoint, opts=None) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json dict, tensors) for SGLang `--speculative-algorithm EAGLE3 --speculative-draft-model-path DIR`."""
     fields, ids, tensors = _common(ckpt)
-    if ckpt.config.get("norm_before_residual"):
-        raise DraftsmithError(
-            f"{ckpt.path}: the head was trained with norm_before_residual=true but SGLang's LlamaForCausalLMEagle3 "
-            "keeps the un-normalised residual; export --format speculators for vLLM instead"
-        )
+    check_sglang(ckpt.config, str(ckpt.path))
     h, ht = ckpt.config["hidden_size"], _target_hidden(ckpt)
     if h != ht and "embed_tokens.weight" not in tensors:
         raise DraftsmithError(
@@ -206,12 +251,7 @@ def speculators_eagle3(
         raise DraftsmithError(f"speculative_tokens must be >= 1, got {speculative_tokens}")
     fields, ids, tensors = _common(ckpt)
     target = ckpt.config["target"]
-    h, ht = ckpt.config["hidden_size"], _target_hidden(ckpt)
-    if h != ht:
-        raise DraftsmithError(
-            f"{ckpt.path}: head hidden size {h} differs from the target's {ht}; speculators requires them equal "
-            "(its loader refuses the verifier otherwise) - export --format sglang-eagle3 instead"
-        )
+    check_speculators(ckpt.config, str(ckpt.path))
     name, local = resolve_verifier(ckpt, verifier)
     if EMBED not in tensors:
         tensors[EMBED] = target_embeddings(ckpt, name, local).to(tensors["fc.weight"].dtype)
@@ -252,7 +292,9 @@ def speculators_eagle3(
         "target_hidden_size": cfg["target_hidden_size"],
     }
     _check_out(out, "speculators", flat, "layers.0.")  # embed_tokens.weight is checked as [V, H] here
-    if full_vocab(out):  # speculators keeps no d2t / t2d then, and vLLM's load_weights raises on a d2t it has no slot for
+    if full_vocab(
+        out
+    ):  # speculators keeps no d2t / t2d then, and vLLM's load_weights raises on a d2t it has no slot for
         del out["d2t"], out["t2d"]
     return cfg, out
 
@@ -260,3 +302,20 @@ def speculators_eagle3(
 def full_vocab(tensors: dict[str, torch.Tensor]) -> bool:
     """The draft vocabulary is the whole target vocabulary (d2t all zeros: draft id == target id)."""
     return tensors["d2t"].numel() == tensors["t2d"].numel()
+
+
+SGLANG_EAGLE3 = ExportFormat(
+    "sglang-eagle3",
+    head_export(sglang_eagle3),
+    check=check_sglang,
+    aux_note="eagle_config.eagle_aux_hidden_state_layer_ids are SGLang layer-output ids (draftsmith id - 1; SGLang "
+    "captures the input of layer id+1); the top-level eagle_aux_hidden_state_layer_ids are vLLM layer-input ids "
+    "(= draftsmith's), which vLLM reads first",
+)
+SPECULATORS_EAGLE3 = ExportFormat(
+    "speculators",
+    head_export(lambda ckpt, opts: speculators_eagle3(ckpt, opts.speculative_tokens, opts.verifier)),
+    check=check_speculators,
+    aux_note="eagle_aux_hidden_state_layer_ids are vLLM layer-input ids (= draftsmith's, unchanged)",
+    names_verifier=True,
+)

@@ -25,10 +25,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from draftsmith.heads.dflash import DFlashDrafter, rope
-from draftsmith.heads.eagle import rope_cos_sin
-from draftsmith.heads.losses import _DepthAcceptance, shift_left
-from draftsmith.heads.peagle import PEagleHead
+from draftsmith.heads.block.dflash import DFlashDrafter
+from draftsmith.heads.block.peagle import PEagleHead
+from draftsmith.heads.common import DepthAcceptance, shift_left
+from draftsmith.heads.layers import rope_cos_sin
 
 
 def sample_anchors(
@@ -43,7 +43,9 @@ def sample_anchors(
     counts = ok.sum(1)
     m = int(min(n, int(counts.max()) if b else 0))
     if m == 0:
-        return torch.ones(b, 1, dtype=torch.long, device=ok.device), torch.zeros(b, 1, dtype=torch.bool, device=ok.device)
+        return torch.ones(b, 1, dtype=torch.long, device=ok.device), torch.zeros(
+            b, 1, dtype=torch.bool, device=ok.device
+        )
     r = torch.rand(b, t, generator=generator).to(ok.device).masked_fill(~ok, 2.0)
     pick = r.argsort(1)[:, :m]  # valid positions first (random order), then invalid ones
     valid = torch.arange(m, device=ok.device)[None] < counts[:, None]
@@ -51,7 +53,12 @@ def sample_anchors(
 
 
 def dflash_forward(
-    d: DFlashDrafter, embed_weight: torch.Tensor, aux: torch.Tensor, ids: torch.Tensor, am: torch.Tensor, anchors
+    d: DFlashDrafter,
+    embed_weight: torch.Tensor,
+    aux: torch.Tensor,
+    ids: torch.Tensor,
+    am: torch.Tensor,
+    anchors,
 ) -> torch.Tensor:
     """Blocks at `anchors` [B, n] in one forward. aux [B, T, n_aux*H_t] target features, ids/am [B, T].
     Returns the blocks' final states [B, n, block_size, H] (row j predicts x_{a+j})."""
@@ -60,13 +67,13 @@ def dflash_forward(
     n, blk = anchors.shape[1], c.block_size
     dev, dtype = ids.device, d.fc.weight.dtype
     ctx = d.context(aux.to(dtype))
-    cos, sin = rope(torch.arange(t, device=dev)[None].expand(b, t), c.head_dim, c.rope_theta, dtype)
+    cos, sin = rope_cos_sin(torch.arange(t, device=dev)[None].expand(b, t), c.head_dim, c.rope_theta, dtype)
     ctx_kv = d.context_kv(ctx, cos, sin)
     tok = torch.full((b, n, blk), c.mask_token_id, dtype=torch.long, device=dev)
     tok[..., 0] = ids.gather(1, anchors)
     embeds = F.embedding(tok.view(b, n * blk), embed_weight).to(dtype)
     pos = (anchors[..., None] + torch.arange(blk, device=dev)).view(b, n * blk)
-    cos_b, sin_b = rope(pos, c.head_dim, c.rope_theta, dtype)
+    cos_b, sin_b = rope_cos_sin(pos, c.head_dim, c.rope_theta, dtype)
     ctx_ok = (torch.arange(t, device=dev)[None, None] < anchors[..., None]) & am.bool()[:, None]  # [B, n, T]
     blk_id = torch.arange(n * blk, device=dev) // blk
     same = (blk_id[:, None] == blk_id[None]).expand(b, -1, -1)
@@ -99,7 +106,9 @@ def position_terms(
     else:
         from draftsmith.divergences import divergence
 
-        li = divergence(loss, full.float(), draft_logits, temperature=temperature, beta=beta, vocab_ids=vocab_ids)
+        li = divergence(
+            loss, full.float(), draft_logits, temperature=temperature, beta=beta, vocab_ids=vocab_ids
+        )
     return li, vocab_ids[draft_logits.detach().argmax(-1)], tgt_top
 
 
@@ -127,7 +136,7 @@ def dflash_loss(
     last = feats["last"]
     total = out.new_zeros((), dtype=torch.float32)
     wsum, metrics = 0.0, {}
-    acc = _DepthAcceptance(tuple(a.shape), ids.device)  # a draft = one block; position j-1 = its j-th token
+    acc = DepthAcceptance(tuple(a.shape), ids.device)  # a draft = one block; position j-1 = its j-th token
     none = torch.zeros(0, dtype=torch.long, device=ids.device)
     for j in range(1, d.config.block_size):
         pos = a + j  # token predicted by block row j
@@ -139,7 +148,13 @@ def dflash_loss(
         rows = out[:, :, j][v]
         tgt = last.gather(1, (pos - 1).clamp(max=t - 1)[..., None].expand(-1, -1, last.shape[-1]))[v]
         li, d_top, t_top = position_terms(
-            d.logits(rows), tgt, lm_weight, d.vocab_ids, loss=loss, temperature=temperature, beta=beta,
+            d.logits(rows),
+            tgt,
+            lm_weight,
+            d.vocab_ids,
+            loss=loss,
+            temperature=temperature,
+            beta=beta,
             exact=exact_acceptance,
         )
         acc.update(j - 1, v, d_top, t_top)
@@ -151,7 +166,11 @@ def dflash_loss(
 
 
 def cod_columns(
-    loss_mask: torch.Tensor, depths: int, ratio: float, ratio_min: float, generator: torch.Generator | None = None
+    loss_mask: torch.Tensor,
+    depths: int,
+    ratio: float,
+    ratio_min: float,
+    generator: torch.Generator | None = None,
 ) -> list[torch.Tensor]:
     """P-EAGLE COD sampling, shared by the batch: the columns kept at depths 1..depths-1 (nested: a column kept at
     depth d was kept at d-1, so its lower placeholder rows exist). Column t is eligible at depth d if some row
@@ -169,14 +188,20 @@ def cod_columns(
         if keep == 0:
             break
         if keep < cand.numel():
-            cand = cand[torch.randperm(cand.numel(), generator=generator)[:keep].to(cand.device)].sort().values
+            cand = (
+                cand[torch.randperm(cand.numel(), generator=generator)[:keep].to(cand.device)].sort().values
+            )
         cols.append(cand)
         prev = cand
     return cols
 
 
 def peagle_forward(
-    head: PEagleHead, embed_weight: torch.Tensor, aux: torch.Tensor, ids: torch.Tensor, am: torch.Tensor,
+    head: PEagleHead,
+    embed_weight: torch.Tensor,
+    aux: torch.Tensor,
+    ids: torch.Tensor,
+    am: torch.Tensor,
     cols: list[torch.Tensor],
 ) -> tuple[torch.Tensor, list[slice]]:
     """All depths in one forward: [B, T] real rows (depth 0) + one placeholder row per kept column per depth.
@@ -185,12 +210,15 @@ def peagle_forward(
     dev, dtype = ids.device, head.fc.weight.dtype
     c = head.config
     col = torch.cat([torch.arange(t, device=dev), *cols])
-    depth = torch.cat([torch.zeros(t, dtype=torch.long, device=dev)]
-                      + [torch.full((x.numel(),), i + 1, dtype=torch.long, device=dev) for i, x in enumerate(cols)])
+    depth = torch.cat(
+        [torch.zeros(t, dtype=torch.long, device=dev)]
+        + [torch.full((x.numel(),), i + 1, dtype=torch.long, device=dev) for i, x in enumerate(cols)]
+    )
     n_ph = col.numel() - t
     embeds = torch.cat(
-        [F.embedding(shift_left(ids, 1), embed_weight),
-         embed_weight[head.mask_token_id].expand(b, n_ph, -1)], 1).to(dtype)
+        [F.embedding(shift_left(ids, 1), embed_weight), embed_weight[head.mask_token_id].expand(b, n_ph, -1)],
+        1,
+    ).to(dtype)
     hidden = torch.cat([head.fc(aux.to(dtype)), head.placeholder(n_ph).expand(b, -1, -1)], 1)
     pos = (col + depth)[None].expand(b, -1)
     k_real = depth[None] == 0
@@ -234,7 +262,7 @@ def peagle_loss(
     total = out.new_zeros((), dtype=torch.float32)
     n_rows, metrics = 0, {}
     # conditional acceptance is exact when cod_ratio = 1 (every column kept at every depth)
-    acc = _DepthAcceptance((b, t), ids.device)
+    acc = DepthAcceptance((b, t), ids.device)
     for d, sl in enumerate(bounds):
         c_d = torch.arange(t, device=ids.device) if d == 0 else cols[d - 1]
         lab = c_d + 2 + d  # token predicted by row (d, t)
@@ -245,8 +273,14 @@ def peagle_loss(
         if bool(v.any()):
             tgt = last[:, (c_d + 1 + d).clamp(max=t - 1)][v]
             li, d_top, t_top = position_terms(
-                head.logits(out[:, sl][v]), tgt, lm_weight, head.vocab_ids, loss=loss, temperature=temperature,
-                beta=beta, exact=exact_acceptance,
+                head.logits(out[:, sl][v]),
+                tgt,
+                lm_weight,
+                head.vocab_ids,
+                loss=loss,
+                temperature=temperature,
+                beta=beta,
+                exact=exact_acceptance,
             )
             nv = int(v.sum())
             total = total + li * nv

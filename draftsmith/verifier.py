@@ -61,7 +61,9 @@ def resolve_verifier(ckpt: Checkpoint, override: str | None = None) -> tuple[str
         folder = Path(override).expanduser()
         if folder.is_dir():
             if not (folder / "config.json").is_file():
-                raise DraftsmithError(f"--verifier {override} holds no config.json; pass the target's model folder")
+                raise DraftsmithError(
+                    f"--verifier {override} holds no config.json; pass the target's model folder"
+                )
             return str(folder.resolve()), folder.resolve()
         if not is_hub_id(override):
             raise DraftsmithError(
@@ -105,7 +107,9 @@ def _read_local(folder: Path) -> torch.Tensor:
             k = key or _embedding_key(st.keys())
             if k:
                 return st.get_tensor(k)
-    raise DraftsmithError(f"no {EMBED} in the safetensors of {folder}; pass --verifier with the target's folder")
+    raise DraftsmithError(
+        f"no {EMBED} in the safetensors of {folder}; pass --verifier with the target's folder"
+    )
 
 
 def _read_hub(repo_id: str) -> torch.Tensor:
@@ -141,7 +145,7 @@ def target_embeddings(
 ) -> torch.Tensor:
     """The target's input embeddings [V, H], refused unless they have `shape` and match the fingerprint recorded
     at training."""
-    from draftsmith.heads.common import embedding_fingerprint, fingerprints_match
+    from draftsmith.modeling import embedding_fingerprint, fingerprints_match
 
     emb = _read_local(local) if local is not None else _read_hub(verifier)
     if shape is not None and tuple(emb.shape) != tuple(shape):

@@ -26,15 +26,8 @@ from torch import nn
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.common import config_from_dict, target_info
-from draftsmith.heads.eagle import (
-    MLP,
-    EagleHead,
-    LayerShape,
-    RMSNorm,
-    _rotate_half,
-    default_aux_layers,
-    llama_shape,
-)
+from draftsmith.heads.eagle.model import EagleHead, default_aux_layers
+from draftsmith.heads.layers import MLP, LayerShape, RMSNorm, llama_shape, rotate_half
 from draftsmith.modeling import base_decoder
 
 
@@ -62,13 +55,6 @@ class DFlashConfig(LayerShape):
             raise DraftsmithError("dflash needs at least one aux_hidden_state_layer_id")
 
 
-def rope(position_ids: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [B, T] -> (cos, sin) [B, 1, T, D] (default RoPE, as the eagle heads)."""
-    from draftsmith.heads.eagle import rope_cos_sin
-
-    return rope_cos_sin(position_ids, head_dim, theta, dtype)
-
-
 class DFlashAttention(nn.Module):
     def __init__(self, c: DFlashConfig):
         super().__init__()
@@ -85,17 +71,19 @@ class DFlashAttention(nn.Module):
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.d)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.d).transpose(1, 2)
-        return k * cos + _rotate_half(k) * sin, v
+        return k * cos + rotate_half(k) * sin, v
 
     def forward(self, x, cos, sin, ctx_kv, mask):
         """x [B, R, H] block rows; ctx_kv: context (k, v) [B, h_kv, S, D]; mask [B|1, 1, R, S + R] bool or None
         (None = every row sees every context row and the whole block). Returns [B, R, H]."""
         b, r, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, r, self.n_heads, self.d)).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
+        q = q * cos + rotate_half(q) * sin
         k, v = self.kv(x, cos, sin)
         keys, vals = torch.cat([ctx_kv[0], k], 2), torch.cat([ctx_kv[1], v], 2)
-        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv)
+        out = F.scaled_dot_product_attention(
+            q, keys, vals, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv
+        )
         return self.o_proj(out.transpose(1, 2).reshape(b, r, -1))
 
 
@@ -162,7 +150,9 @@ class DFlashDrafter(nn.Module):
             frozen_lm_head=freeze_lm_head,
         )
         if freeze_lm_head and draft_vocab_ids.numel() != t.vocab_size:
-            raise DraftsmithError("a frozen (target) lm_head needs the full target vocabulary as draft vocabulary")
+            raise DraftsmithError(
+                "a frozen (target) lm_head needs the full target vocabulary as draft vocabulary"
+            )
         d = cls(c, target_info(target_model))
         d.set_draft_vocab(draft_vocab_ids)
         w = target_model.get_output_embeddings().weight.detach()
@@ -202,7 +192,9 @@ class DFlashDrafter(nn.Module):
         c = self.config
         d = {"draftsmith_head_type": "dflash", **asdict(c), "target": self.target}
         d.update(
-            architectures=["DraftsmithDFlashDrafter"],  # engine layouts: draftsmith export --format ...-dflash
+            architectures=[
+                "DraftsmithDFlashDrafter"
+            ],  # engine layouts: draftsmith export --format ...-dflash
             rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
             tie_word_embeddings=False,
         )

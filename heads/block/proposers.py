@@ -16,18 +16,16 @@ in that forward).
 from __future__ import annotations
 
 import heapq
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from draftsmith.decode.drafters import DrafterContext, parse_kv
 from draftsmith.decode.proposer import Proposal
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.dflash import DFlashDrafter, rope
-from draftsmith.heads.eagle import KVBuffer
-from draftsmith.heads.peagle import PEagleHead
-from draftsmith.heads.proposers import EagleProposer
+from draftsmith.heads.block.dflash import DFlashDrafter
+from draftsmith.heads.block.peagle import PEagleHead
+from draftsmith.heads.eagle.proposer import EagleProposer
+from draftsmith.heads.layers import KVBuffer, rope_cos_sin
 from draftsmith.modeling import base_decoder
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 from draftsmith.vocab import to_target_probs
@@ -96,14 +94,20 @@ class DFlashProposer:
         self.hidden_state_layers = tuple(self.c.aux_hidden_state_layer_ids)
         self.top_k, self.total = top_k, total_tokens
         self.max_nodes = max(total_tokens, self.c.block_size - 1)
-        self.tree = f"dflash block {self.c.block_size}" + (f" top_k={top_k} total_tokens={total_tokens}" if top_k > 1 else " chain")
-        self.last_logits: torch.Tensor | None = None  # [B-1, V_d] of the last propose (tests compare with training)
+        self.tree = f"dflash block {self.c.block_size}" + (
+            f" top_k={top_k} total_tokens={total_tokens}" if top_k > 1 else " chain"
+        )
+        self.last_logits: torch.Tensor | None = (
+            None  # [B-1, V_d] of the last propose (tests compare with training)
+        )
 
     def begin(self, tokens: torch.Tensor, hidden) -> None:
         c = self.c
         cap = max(256, 2 * tokens.shape[1])
         dev = self.embed.device
-        self.kv = [KVBuffer(1, c.num_key_value_heads, c.head_dim, self.dtype, dev, cap) for _ in self.d.layers]
+        self.kv = [
+            KVBuffer(1, c.num_key_value_heads, c.head_dim, self.dtype, dev, cap) for _ in self.d.layers
+        ]
         self.pending = torch.cat(hidden, -1).to(self.dtype)  # states at positions 0..L-2
         self.anchor = tokens[:, -1:].to(dev)
         self.anchor_pos = tokens.shape[1] - 1
@@ -120,7 +124,7 @@ class DFlashProposer:
         if self.pending is not None and self.pending.shape[1] > 0:
             start, n = self.kv[0].length, self.pending.shape[1]
             pos = torch.arange(start, start + n, device=dev)[None]
-            cos, sin = rope(pos, c.head_dim, c.rope_theta, self.dtype)
+            cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, self.dtype)
             for buf, (k, v) in zip(self.kv, self.d.context_kv(self.d.context(self.pending), cos, sin)):
                 buf.write(k, v)
                 buf.length = start + n
@@ -129,7 +133,7 @@ class DFlashProposer:
         tok = torch.full((1, blk), c.mask_token_id, dtype=torch.long, device=dev)
         tok[:, 0] = self.anchor[:, 0]
         pos = (self.anchor_pos + torch.arange(blk, device=dev))[None]
-        cos, sin = rope(pos, c.head_dim, c.rope_theta, self.dtype)
+        cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, self.dtype)
         ctx_kv = [(b.k[:, :, : b.length], b.v[:, :, : b.length]) for b in self.kv]
         out = self.d.block(F.embedding(tok, self.embed).to(self.dtype), cos, sin, ctx_kv)
         return self.d.logits(out[0, 1:])  # [B-1, V_d]: row j predicts the token j after the anchor
@@ -148,13 +152,24 @@ class PEagleProposer(EagleProposer):
 
     name = "peagle"
 
-    def __init__(self, head: PEagleHead, target, *, top_k: int = 1, total_tokens: int = 16, depth: int | None = None):
-        depth = min(depth or head.num_depths, head.num_depths)
+    def __init__(
+        self, head: PEagleHead, target, *, top_k: int = 1, total_tokens: int = 16, depth: int | None = None
+    ):
+        if depth is not None and depth < 1:
+            raise DraftsmithError(f"peagle depth must be >= 1, got {depth}")
+        depth = head.num_depths if depth is None else min(depth, head.num_depths)
         super().__init__(head, target, top_k=1, depth=depth, total_tokens=max(total_tokens, depth))
         self.block_top_k, self.block_total = top_k, total_tokens
         self.vocab_size = head.config.vocab_size
-        self.tree = f"peagle depth={depth}" + (f" top_k={top_k} total_tokens={total_tokens}" if top_k > 1 else " chain")
         self.last_logits: torch.Tensor | None = None
+
+    @property
+    def tree(self) -> str:
+        """What eval.json records: depth as drafted (min(the head's depths or depth=, k))."""
+        shape = (
+            f" top_k={self.block_top_k} total_tokens={self.block_total}" if self.block_top_k > 1 else " chain"
+        )
+        return f"peagle depth={self.used_depth}{shape}"
 
     @torch.inference_mode()
     def _logits(self, depth: int) -> torch.Tensor:
@@ -164,53 +179,63 @@ class PEagleProposer(EagleProposer):
         m = depth - 1
         dev = toks.device
         start = self.kv.length
-        pos = torch.cat([start + torch.arange(n, device=dev), start + n - 1 + torch.arange(1, m + 1, device=dev)])
+        pos = torch.cat(
+            [start + torch.arange(n, device=dev), start + n - 1 + torch.arange(1, m + 1, device=dev)]
+        )
         mask = torch.ones(n + m, start + n + m, dtype=torch.bool, device=dev)
         mask[:, start:] = torch.ones(n + m, n + m, dtype=torch.bool, device=dev).tril()
         embeds = torch.cat([self.embed[toks], self.embed[h.mask_token_id].expand(b, m, -1)], 1)
         hidden = torch.cat([h.fc(feats), h.placeholder(m).expand(b, -1, -1)], 1)
-        out, _ = h.step(embeds, hidden, pos[None], mask[None, None], kv_extra=self.kv, from_target=False,
-                        rope=self._rope(pos))
+        out, _ = h.step(
+            embeds,
+            hidden,
+            pos[None],
+            mask[None, None],
+            kv_extra=self.kv,
+            from_target=False,
+            rope=self._rope(pos),
+        )
         self.kv.length = start + n  # placeholders are not context
         self.pending = None
         return h.logits(out[0, n - 1 :])  # [depth, V_d]
 
     def propose(self, k: int, params: SamplingParams, generator=None) -> Proposal:
-        depth = min(self.depth, k)
+        depth = self._depth(k)
         if self.pending is not None:
             self.last_logits = self._logits(self.depth)
         return block_proposal(
-            self.last_logits[:depth], self.vocab_ids, self.vocab_size, params, generator,
-            self.block_top_k, self.block_total,
+            self.last_logits[:depth],
+            self.vocab_ids,
+            self.vocab_size,
+            params,
+            generator,
+            self.block_top_k,
+            self.block_total,
         )
 
 
-def _load(arg: str, ctx: DrafterContext, kind: str, cls) -> tuple:
+def _load(path: str, ctx, kind: str, cls):
     from draftsmith.heads.io import load_head
 
-    path, _, opts = arg.partition(",")
-    if not path:
-        raise DraftsmithError(f"{kind} needs a folder: {kind}:DIR[,top_k=1,total_tokens=16]")
-    if not Path(path).is_dir():
-        raise DraftsmithError(f"{kind} folder {path} not found; pass the final/ folder written by train/heads.py")
-    allowed = {"top_k": int, "total_tokens": int} | ({"depth": int} if kind == "peagle" else {})
-    o = parse_kv(opts, allowed, kind)
     head = load_head(path, ctx.target)
     if not isinstance(head, cls):
-        raise DraftsmithError(f"{path} holds a {getattr(head, 'head_type', type(head).__name__)} head, not {kind}")
-    return head, o
+        raise DraftsmithError(
+            f"{path} holds a {getattr(head, 'head_type', type(head).__name__)} head, not {kind}"
+        )
+    return head
 
 
-def build_dflash(arg: str, ctx: DrafterContext) -> DFlashProposer:
+def build_dflash(path: str, o: dict, ctx) -> DFlashProposer:
     """`dflash:DIR[,top_k=1,total_tokens=16]`."""
-    d, o = _load(arg, ctx, "dflash", DFlashDrafter)
+    d = _load(path, ctx, "dflash", DFlashDrafter)
     top_k, total = _tree_opts(o, d.config.block_size - 1)
     return DFlashProposer(d, ctx.target, top_k=top_k, total_tokens=total)
 
 
-def build_peagle(arg: str, ctx: DrafterContext) -> PEagleProposer:
-    """`peagle:DIR[,top_k=1,total_tokens=16,depth=D]`."""
-    h, o = _load(arg, ctx, "peagle", PEagleHead)
+def build_peagle(path: str, o: dict, ctx) -> PEagleProposer:
+    """`peagle:DIR[,top_k=1,total_tokens=16,depth=D]` (depth: at most the head's num_depths; default: all of them,
+    cut to the decoder's k)."""
+    h = _load(path, ctx, "peagle", PEagleHead)
     depth = min(o.get("depth", h.num_depths), h.num_depths)
     top_k, total = _tree_opts(o, depth)
     return PEagleProposer(h, ctx.target, top_k=top_k, total_tokens=total, depth=depth)

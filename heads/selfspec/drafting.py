@@ -3,7 +3,7 @@
 Two drafters share this machinery (no weight is copied, the target is never modified):
 - layer skipping (Draft&Verify, SWIFT): the draft runs the target's layers minus a skip set, then its final norm
   and lm_head (optionally only the rows of a reduced vocabulary);
-- early exit (Kangaroo): the target's first L layers, then a small trained adapter (draftsmith.heads.earlyexit)
+- early exit (Kangaroo): the target's first L layers, then a small trained adapter (draftsmith.heads.selfspec.earlyexit)
   and the target's lm_head rows.
 
 KV cache sharing. The draft runs on the TARGET's DynamicCache: a drafted token's query in layer i attends to the
@@ -36,11 +36,10 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from draftsmith.decode.proposer import Proposal
+from draftsmith.decode.trees import dynamic_tree
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams, sample, warp_probs
-
-from .proposer import Proposal
-from .trees import dynamic_tree
 
 
 class TargetLayers:
@@ -178,7 +177,7 @@ class SelfSpecProposer:
         *,
         name: str = "selfspec",
         top_k: int = 1,
-        depth: int = 8,
+        depth: int | None = None,
         total_tokens: int | None = None,
         stop_below: float = 0.0,
         reuse: bool = True,
@@ -189,8 +188,10 @@ class SelfSpecProposer:
             raise DraftsmithError(
                 f"draft layers must lie in [0, {self.t.num_layers}), got {list(draft_layers)}"
             )
-        if top_k < 1 or depth < 1:
-            raise DraftsmithError(f"{name} needs top_k >= 1 and depth >= 1, got {top_k}, {depth}")
+        if top_k < 1 or (depth is not None and depth < 1) or (total_tokens is not None and total_tokens < 1):
+            raise DraftsmithError(
+                f"{name} needs top_k, depth and total_tokens >= 1, got {top_k}, {depth}, {total_tokens}"
+            )
         if not 0.0 <= stop_below < 1.0:
             raise DraftsmithError(f"{name} option stop_below must be in [0, 1), got {stop_below}")
         self.name, self.top, self.draft_layers = name, top, layers
@@ -199,9 +200,9 @@ class SelfSpecProposer:
         )  # P: leading unchanged layers
         self.shared = list(range(self.exact))
         self.rest = list(range(self.exact, self.t.num_layers))
-        self.top_k, self.depth = top_k, depth
-        self.total = total_tokens or (depth if top_k == 1 else top_k * depth)
-        self.max_nodes = self.total
+        self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
+        self.used_depth = depth
+        self.max_nodes = self._total(depth) if depth is not None else total_tokens
         self.stop_below = float(stop_below)
         self.reuse = bool(reuse)
         self.hidden_state_layers = tuple(top.hidden_state_layers)
@@ -212,8 +213,19 @@ class SelfSpecProposer:
                 )
         self.vocab_ids = top.vocab_ids
         self.target_vocab_size = int(target.get_output_embeddings().weight.shape[0])
-        self.tree = False if top_k == 1 else f"dynamic top_k={top_k} depth={depth} total_tokens={self.total}"
         self.decoder = self.cache = None
+
+    def _total(self, depth: int) -> int:
+        return self.total_tokens or (depth if self.top_k == 1 else self.top_k * depth)
+
+    @property
+    def tree(self) -> str | bool:
+        """What eval.json records: False for a chain, else the tree as drafted (depth = min(depth, k))."""
+        if self.top_k == 1:
+            return False
+        d = self.used_depth
+        total = self._total(d) if d is not None else self.total_tokens or "top_k*k"
+        return f"dynamic top_k={self.top_k} depth={d if d is not None else 'k'} total_tokens={total}"
 
     # -- decoder hooks ----------------------------------------------------------------------------------------
     def attach(self, decoder, ragged) -> None:
@@ -258,7 +270,7 @@ class SelfSpecProposer:
 
     @torch.inference_mode()
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None = None) -> Proposal:
-        depth = min(self.depth, k)
+        depth = self.used_depth = k if self.depth is None else min(self.depth, k)
         if self.top_k == 1:
             prop = self._chain(depth, params, generator)
         else:
@@ -310,7 +322,7 @@ class SelfSpecProposer:
 
         root_logp = torch.log_softmax(logits[0, -1].float(), -1)
         toks, parents = dynamic_tree(
-            root_logp, expand, top_k=self.top_k, depth=depth, total=self.total, drafted=1
+            root_logp, expand, top_k=self.top_k, depth=depth, total=self._total(depth), drafted=1
         )
         crop_layers(self.cache, self.draft_layers, c)  # trees: the decoder's tree-masked forward verifies
         return Proposal(self._to_target(toks)[None], parents)

@@ -1,14 +1,10 @@
-"""Medusa and EAGLE proposers for the speculative decoder (draftsmith.decode.proposer protocol).
+"""The EAGLE proposer for the speculative decoder (draftsmith.decode.proposer protocol): the drafter kinds `eagle:`
+and `eagle3:` (EAGLE-1 or EAGLE-3, read from the head's config), e.g.
+`draftsmith eval --drafter eagle:DIR[,top_k=8,total_tokens=24] --k 6`.
 
-Builders for the drafter kinds `medusa:` and `eagle:` (EAGLE-1 or EAGLE-3, read from the head's config; `eagle3:`
-is an alias), listed in the app layer's table (draftsmith.app.drafters), so
-`draftsmith eval --drafter eagle:DIR[,top_k=8,depth=6,total_tokens=24]` works.
-
-Both propose TREES of deterministically chosen tokens (top-k), so `draft_probs` is None: each node is a point mass
+It proposes TREES of deterministically chosen tokens (top-k), so `draft_probs` is None: each node is a point mass
 and the decoder's verification stays exact under sampling too (greedy output == the target's greedy output).
-- Medusa: static sparse tree from the head folder's measured rank accuracies (head_accuracy.json, written by the
-  training eval; falls back to the top-1 chain without it).
-- EAGLE: EAGLE-2 dynamic tree. Depth 1 = the top_k tokens after the context; at each further depth the top_k
+EAGLE-2 dynamic tree: depth 1 = the top_k tokens after the context; at each further depth the top_k
   nodes of the previous depth (by cumulative draft log-prob) are expanded in ONE head forward, each giving top_k
   children; finally the `total_tokens` best nodes of all depths (by cumulative log-prob) form the tree
   (EAGLE-2, Li et al. 2024, sec. 4). top_k=1 gives the EAGLE chain.
@@ -18,53 +14,16 @@ never added to it: after verification the accepted tokens are re-run with the ta
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 import torch
 
-from draftsmith.decode.drafters import DrafterContext, parse_kv
 from draftsmith.decode.proposer import Proposal
 from draftsmith.decode.trees import dynamic_tree
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.eagle import EagleHead
-from draftsmith.heads.io import load_head, merge_target_lora, read_accuracy
-from draftsmith.heads.medusa import MedusaHeads
-from draftsmith.heads.trees import chain_tree, medusa_tree, tree_parents
+from draftsmith.heads.eagle.model import EagleHead
+from draftsmith.heads.io import load_head
+from draftsmith.heads.layers import KVBuffer, rope_cos_sin
 from draftsmith.modeling import base_decoder, output_head
 from draftsmith.sampling import SamplingParams
-
-log = logging.getLogger(__name__)
-
-
-class MedusaProposer:
-    """Medusa heads on the target's final normed hidden state (HF hidden_states index num_layers)."""
-
-    name = "medusa"
-
-    def __init__(self, heads: MedusaHeads, num_layers: int, paths: list[tuple[int, ...]]):
-        self.heads = heads
-        self.hidden_state_layers = (num_layers,)
-        self.paths = paths
-        self.parents = tree_parents(paths)
-        self.topk = 1 + max(r for p in paths for r in p)
-        self.depths = [len(p) for p in paths]
-
-    def begin(self, tokens: torch.Tensor, hidden) -> None:
-        self.last = hidden[0][:, -1]  # [B, H]: the state that predicted the last committed token
-
-    def propose(self, k: int, params: SamplingParams, generator=None) -> Proposal:
-        keep = [i for i, d in enumerate(self.depths) if d <= k]
-        logits = self.heads(self.last)  # [K, B, V]
-        top = logits.topk(self.topk, dim=-1).indices  # [K, B, topk]
-        toks = torch.stack([top[len(p) - 1, :, p[-1]] for p in (self.paths[i] for i in keep)], 1)  # [B, N]
-        if len(keep) == len(self.paths):
-            return Proposal(toks, self.parents)
-        remap = {old: new for new, old in enumerate(keep)}  # depth-capped subtree (parents precede children)
-        return Proposal(toks, [remap[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep])
-
-    def advance(self, accepted_nodes, new_tokens, hidden) -> None:
-        self.last = hidden[0][:, -1]
 
 
 class EagleProposer:
@@ -76,15 +35,18 @@ class EagleProposer:
 
     name = "eagle"
 
-    def __init__(self, head: EagleHead, target, *, top_k: int = 8, depth: int = 6, total_tokens: int = 24):
-        if top_k < 1 or depth < 1 or total_tokens < 1:
+    def __init__(
+        self, head: EagleHead, target, *, top_k: int = 8, depth: int | None = None, total_tokens: int = 24
+    ):
+        """depth: the tree depth; None = the decoder's k (draft tokens per step) decides."""
+        if top_k < 1 or (depth is not None and depth < 1) or total_tokens < 1:
             raise DraftsmithError(
                 f"eagle needs top_k, depth, total_tokens >= 1, got {top_k}, {depth}, {total_tokens}"
             )
         self.head, self.c = head, head.config
         self.top_k, self.depth, self.total = top_k, depth, total_tokens
+        self.used_depth = depth
         self.max_nodes = total_tokens  # the decoder sizes static caches from it
-        self.tree = f"eagle2 dynamic top_k={top_k} depth={depth} total_tokens={total_tokens}"
         self.embed = base_decoder(target).embed_tokens.weight
         self.lm_weight = output_head(target).weight
         n = target.config.num_hidden_layers
@@ -94,9 +56,17 @@ class EagleProposer:
         self.dtype = self.embed.dtype
         self._rope_table(1024)
 
-    def _rope_table(self, n: int) -> None:
-        from draftsmith.heads.eagle import rope_cos_sin
+    @property
+    def tree(self) -> str:
+        """What eval.json records: the tree as drafted (depth = the last step's, min(depth, k))."""
+        depth = self.used_depth if self.used_depth is not None else "k"
+        return f"eagle2 dynamic top_k={self.top_k} depth={depth} total_tokens={self.total}"
 
+    def _depth(self, k: int) -> int:
+        self.used_depth = k if self.depth is None else min(self.depth, k)
+        return self.used_depth
+
+    def _rope_table(self, n: int) -> None:
         pos = torch.arange(n, device=self.embed.device)[None]
         cos, sin = rope_cos_sin(pos, self.c.head_dim, self.c.rope_theta, self.dtype)
         self._cos, self._sin = cos[0, 0], sin[0, 0]  # [n, D]
@@ -110,8 +80,6 @@ class EagleProposer:
 
     # -- context ----------------------------------------------------------------------------------------------
     def begin(self, tokens: torch.Tensor, hidden) -> None:
-        from draftsmith.heads.eagle import KVBuffer
-
         c = self.c
         cap = max(256, 2 * tokens.shape[1] + self.total)
         self.kv = KVBuffer(
@@ -185,54 +153,16 @@ class EagleProposer:
             return self._logp(out[0])
 
         toks, parents = dynamic_tree(
-            self._logp(self.root_out)[0], expand, top_k=self.top_k, depth=min(self.depth, k), total=self.total
+            self._logp(self.root_out)[0], expand, top_k=self.top_k, depth=self._depth(k), total=self.total
         )
         self.kv.length = ctx_len
         ids = toks if self.vocab_ids is None else self.vocab_ids[toks]
         return Proposal(ids[None], parents)
 
 
-def _split(arg: str) -> tuple[str, str]:
-    path, _, opts = arg.partition(",")
-    if not path:
-        raise DraftsmithError(
-            "head drafters need a folder: medusa:DIR or eagle:DIR[,top_k=8,depth=6,total_tokens=24]"
-        )
-    if not Path(path).is_dir():
-        raise DraftsmithError(
-            f"head folder {path} not found; pass the final/ folder written by train/heads.py"
-        )
-    return path, opts
-
-
-def build_medusa(arg: str, ctx: DrafterContext) -> MedusaProposer:
-    """`medusa:DIR[,total_tokens=N,depth=D,chain=1]`: static tree from DIR/head_accuracy.json. A Medusa-2
-    folder (DIR/target_lora) has its LoRA merged into ctx.target first, in place: plain decoding in the same
-    run then uses the fine-tuned target as well, which is the model Medusa-2 speculative decoding reproduces."""
-    path, opts = _split(arg)
-    o = parse_kv(opts, {"total_tokens": int, "depth": int, "chain": int}, "medusa")
-    heads = load_head(path, ctx.target)
-    if merge_target_lora(ctx.target, path):
-        log.warning(
-            "medusa: merged the Medusa-2 LoRA adapter of %s into the target (plain decoding too)", path
-        )
-    if not isinstance(heads, MedusaHeads):
-        raise DraftsmithError(f"{path} holds a {heads.head_type} head; use eagle:{path}")
-    depth = min(o.get("depth", heads.config.num_heads), heads.config.num_heads)
-    acc = (read_accuracy(path) or {}).get("rank_accuracy")
-    if o.get("chain") or acc is None:
-        paths = chain_tree(depth)
-    else:
-        # measured accuracies of zero everywhere (an untrained head) give no tree: fall back to the chain
-        paths = medusa_tree(acc, o.get("total_tokens", 16), depth) or chain_tree(depth)
-    return MedusaProposer(heads, ctx.target.config.num_hidden_layers, paths)
-
-
-def build_eagle(arg: str, ctx: DrafterContext) -> EagleProposer:
-    """`eagle:DIR[,top_k=8,depth=6,total_tokens=24]` (EAGLE-1 or EAGLE-3 by config)."""
-    path, opts = _split(arg)
-    o = parse_kv(opts, {"top_k": int, "depth": int, "total_tokens": int}, "eagle")
+def build_eagle(path: str, o: dict, ctx) -> EagleProposer:
+    """`eagle:DIR[,top_k=8,total_tokens=24]` (EAGLE-1 or EAGLE-3 by config; depth = the decoder's k)."""
     head = load_head(path, ctx.target)
-    if not isinstance(head, EagleHead):
-        raise DraftsmithError(f"{path} holds a medusa head; use medusa:{path}")
+    if not isinstance(head, EagleHead) or head.head_type not in ("eagle", "eagle3"):
+        raise DraftsmithError(f"{path} holds a {head.head_type} head, not an EAGLE head")
     return EagleProposer(head, ctx.target, **o)

@@ -18,13 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.checkpoint import (
-    Checkpoint,
-    TensorInfo,
-    check_tensor_set,
-    expected_head_tensors,
-)
+from draftsmith.checkpoint import Checkpoint, TensorInfo, check_tensor_set, head_export, int_field
 from draftsmith.errors import DraftsmithError
+from draftsmith.kinds import ExportFormat
 
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -33,17 +29,25 @@ def _num_keys(cfg: dict) -> list[str]:
     return [k for k in cfg if "num" in k and ("heads" in k or "layers" in k)]
 
 
-def vllm_medusa(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
+def medusa_tensors(cfg: dict, where: str) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """(required, optional) tensor name -> shape of a Medusa folder (vLLM's names)."""
+    n_heads, h = int_field(cfg, "num_heads", where), int_field(cfg, "hidden_size", where)
+    n_layers = int_field(cfg, "num_layers", where, minimum=0)
+    v = int_field(cfg, "vocab_size", where)
+    req: dict[str, tuple[int, ...]] = {}
+    for i in range(n_heads):
+        for j in range(n_layers):
+            req[f"blocks.{i}.layers.{j}.weight"] = (h, h)
+            if cfg.get("medusa_fc_bias", True):
+                req[f"blocks.{i}.layers.{j}.bias"] = (h,)
+        req[f"lm_heads.{i}.weight"] = (v, h)
+    return req, {}
+
+
+def vllm_medusa(ckpt: Checkpoint, opts=None) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json dict, tensors) for vLLM's Medusa loader."""
     if ckpt.kind != "medusa":
-        raise DraftsmithError(
-            f"{ckpt.path} is a {ckpt.kind} checkpoint, not Medusa; "
-            + (
-                "use --format sglang-eagle3 or speculators"
-                if ckpt.kind == "eagle3"
-                else "vllm-medusa needs a Medusa head"
-            )
-        )
+        raise DraftsmithError(f"{ckpt.path} is a {ckpt.kind} checkpoint, not Medusa heads")
     c = ckpt.config
     tensors = {k: v.contiguous() for k, v in ckpt.load().items()}
     bias = bool(c.get("medusa_fc_bias", True))
@@ -66,8 +70,17 @@ def vllm_medusa(ckpt: Checkpoint) -> tuple[dict, dict[str, torch.Tensor]]:
         "vocab_size": cfg["vocab_size"],
         "medusa_fc_bias": bias,
     }
-    req, opt = expected_head_tensors("medusa", spec, "vllm-medusa export")
+    req, opt = medusa_tensors(spec, "vllm-medusa export")
     check_tensor_set(
         {k: TensorInfo(tuple(v.shape), "") for k, v in tensors.items()}, req, opt, "vllm-medusa export"
     )
     return cfg, tensors
+
+
+VLLM_MEDUSA = ExportFormat(
+    "vllm-medusa",
+    head_export(vllm_medusa),
+    # checked in the released wheels: vllm/v1/spec_decode/medusa.py first ships in 0.9.0 and is gone from 0.33.0
+    serve_note='for vLLM 0.9.0 to 0.32.x: speculative_config={"method": "medusa", "model": DIR, '
+    '"num_speculative_tokens": N} (top-1 chain per head); vLLM 0.33.0 and later have no Medusa at all',
+)

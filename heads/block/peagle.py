@@ -16,17 +16,21 @@ import torch
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.eagle import EagleConfig, EagleHead, eagle_config_from_dict
+from draftsmith.heads.eagle.model import EagleConfig, EagleHead, eagle_config_from_dict
 
 
 class PEagleHead(EagleHead):
     """EAGLE-3 head + mask_hidden. `num_depths` = draft depths trained (1 real + num_depths-1 placeholders)."""
 
-    def __init__(self, config: EagleConfig, target: dict | None = None, *, mask_token_id: int = 0, num_depths: int = 4):
+    def __init__(
+        self, config: EagleConfig, target: dict | None = None, *, mask_token_id: int = 0, num_depths: int = 4
+    ):
         if config.kind != "eagle3":
             raise DraftsmithError("P-EAGLE extends an EAGLE-3 head (kind eagle3)")
         if num_depths < 2:
-            raise DraftsmithError(f"P-EAGLE needs num_depths >= 2 (one parallel placeholder at least), got {num_depths}")
+            raise DraftsmithError(
+                f"P-EAGLE needs num_depths >= 2 (one parallel placeholder at least), got {num_depths}"
+            )
         super().__init__(config, target)
         self.head_type = "peagle"
         self.mask_token_id = int(mask_token_id)

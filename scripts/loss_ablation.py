@@ -1,0 +1,351 @@
+"""Which training loss buys the most accepted tokens, measured by the decoder (resumable).
+
+    python scripts/loss_ablation.py OUT --trainer distill [--config R] [--losses fkl,tvd,fkl>tvd@60]
+        [--seeds 0,1] [--set key=value ...] [--prompts builtin:dev-eval --limit 16 --max-new-tokens 64]
+        [--k 4] [--temperatures 0,1] [--dry]
+    bash scripts/loss_ablation.sh OUT distill            # the same, with the defaults below
+
+For one trainer (`distill`: a draft LM, `train/distill.py`; `eagle3`: an EAGLE-3 head, `train/heads.py`), every loss
+in --losses is trained with every seed in --seeds from the SAME recipe: same data, steps, tokens and held-out split
+(data.split_seed=0 whatever the seed); only loss.kind (and train.seed) change. `A>B@N` is a schedule: loss A for
+the first N optimizer steps, then B (loss.warmup_kind / loss.warmup_steps). Then ONE process loads the target once
+and decodes every checkpoint, each interleaved with plain decoding, on prompts no run tuned on (dev-eval by
+default), greedy and at temperature 1, at the draft length --k. Written to OUT/<trainer>/:
+
+  runs/<loss>-s<seed>/     the training runs (a rerun skips finished runs and resumes unfinished ones)
+  measured-t<T>.json        the decoder's numbers per checkpoint (a rerun skips a temperature already measured)
+  ablation.json / .md / .png  per loss: measured tau mean and spread over seeds, alpha_1, speedup, and the
+                              trainer's predicted tau beside the measured one
+
+--dry validates the recipe, every override and the output folder and prints the plan; nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import get_args
+
+from recipe_runs import ROOT, RecipeRun, config_class
+
+
+@dataclass(frozen=True)
+class Trainer:
+    script: str  # recipe_runs trainer: distill | heads
+    config: str
+    spec: str  # the eval drafter spec of a finished run, {final} = its final/ folder
+    k: int  # the draft length users pick for it (the recipe's documented choice)
+    schedules: bool  # the trainer takes loss.warmup_kind / loss.warmup_steps
+
+
+TRAINERS = {
+    "distill": Trainer("distill", "recipes/smollm2-135m-quickstart.yaml", "draft:{final}", 4, True),
+    "eagle3": Trainer("heads", "recipes/heads-smollm2-135m-eagle3.yaml", "eagle:{final}", 3, False),
+}
+
+
+def trainer_losses(trainer: str) -> tuple[str, ...]:
+    """Every loss the trainer offers, from its config's Literal (the one list the trainer validates against)."""
+    if trainer == "distill":
+        from draftsmith.divergences import DivergenceKind
+
+        return get_args(DivergenceKind)
+    from draftsmith.heads.common import LossKind
+
+    return get_args(LossKind)
+
+
+def parse_loss(loss: str, trainer: str) -> tuple[str, str | None, int]:
+    """'tvd' -> ('tvd', None, 0); 'fkl>tvd@60' -> ('tvd', 'fkl', 60): fkl for 60 optimizer steps, then tvd.
+    Refuses names the trainer does not offer and schedules it cannot run."""
+    first, sched, rest = loss.partition(">")
+    then, _, steps = rest.partition("@")
+    if sched and (not TRAINERS[trainer].schedules or not steps.isdigit() or int(steps) < 1):
+        raise SystemExit(
+            f"error: --losses {loss!r}: " + ("use A>B@STEPS, e.g. fkl>tvd@60 (fkl for 60 steps, then tvd)"
+            if TRAINERS[trainer].schedules else f"the {trainer} trainer has no loss schedule; use single losses")
+        )  # fmt: skip
+    offered = trainer_losses(trainer)
+    for name in (first, then) if sched else (first,):
+        if name not in offered:
+            raise SystemExit(
+                f"error: --losses: {name!r} is not a {trainer} loss; offered: {', '.join(offered)}"
+            )
+    return (then, first, int(steps)) if sched else (first, None, 0)
+
+
+def loss_overrides(loss: str, trainer: str) -> list[str]:
+    kind, warmup_kind, warmup_steps = parse_loss(loss, trainer)
+    if warmup_kind is None:
+        return [f"loss.kind={kind}"]
+    return [f"loss.kind={kind}", f"loss.warmup_kind={warmup_kind}", f"loss.warmup_steps={warmup_steps}"]
+
+
+def slug(loss: str) -> str:
+    return loss.replace(">", "-then-").replace("@", "-at-")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (loss, seed) of the ablation and its training run."""
+
+    loss: str
+    seed: int
+    run: RecipeRun
+
+
+def plan(args) -> list[Cell]:
+    """One run per (loss, seed), each validated strictly (every override) before anything runs."""
+    extra = ["eval.temperature=1.0"] if args.trainer == "distill" else []  # predicts T=1 and greedy at once
+    cells = []
+    for loss in args.losses:
+        for seed in args.seeds:
+            run = RecipeRun(
+                f"{loss}-s{seed}",
+                TRAINERS[args.trainer].script,
+                args.config,
+                args.out / args.trainer / "runs" / f"{slug(loss)}-s{seed}",
+                [
+                    *args.set,
+                    *extra,
+                    *loss_overrides(loss, args.trainer),
+                    f"train.seed={seed}",
+                    "data.split_seed=0",
+                ],
+            )
+            run.validate()
+            cells.append(Cell(loss, seed, run))
+    return cells
+
+
+def predicted(run_dir: Path, trainer: str, k: int) -> dict:
+    """The trainer's own prediction at the end of training (its last held-out eval in metrics.jsonl)."""
+    evals = [e for e in _events(run_dir / "metrics.jsonl") if e.get("event") == "eval"]
+    if not evals:
+        return {}
+    last = evals[-1]
+    if trainer == "distill":
+        held = last.get("heldout") or {}
+        taus, greedy = held.get("tau") or {}, held.get("tau_greedy") or {}
+        return {"alpha_t1": held.get("alpha"), "top1": held.get("top1"), "tau_t1": taus.get(str(k), taus.get(k)),
+                "tau_greedy": greedy.get(str(k), greedy.get(k))}  # fmt: skip
+    from draftsmith.acceptance import tau_from_conditional
+
+    acc = (last.get("acceptance_per_depth") or [])[:k]  # EAGLE heads: greedy (top-1) acceptance per depth
+    return {"alpha_per_depth_greedy": acc, "tau_greedy": tau_from_conditional(acc) if acc else None}
+
+
+def _events(path: Path) -> list[dict]:
+    out = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn last line of a killed run
+    return out
+
+
+def measure(args, cells: list[Cell]) -> dict[float, dict]:
+    """Decode every finished run at each temperature in ONE process: target loaded once, every checkpoint and plain
+    decoding back to back per prompt in a rotated order (draftsmith.decode.evaluate.measure)."""
+    import torch
+
+    from draftsmith import models
+    from draftsmith.app.drafters import build_proposer
+    from draftsmith.decode.decoder import SpeculativeDecoder
+    from draftsmith.decode.drafters import DrafterContext
+    from draftsmith.decode.evaluate import NamedDrafter
+    from draftsmith.decode.evaluate import measure as decode_measure
+    from draftsmith.evalsettings import EvalSettings
+    from draftsmith.fileio import write_json
+    from draftsmith.prompts import load_prompts, prompt_ids
+
+    target_spec = _target(args)
+    results, todo = {}, []
+    for t in args.temperatures:
+        f = args.out / args.trainer / f"measured-t{t:g}.json"
+        have = json.loads(f.read_text()) if f.is_file() else None
+        if have and sorted(have["drafters"]) == sorted(c.run.name for c in cells):
+            results[t] = have
+        else:
+            todo.append(t)
+    if not todo:
+        return results
+    tok = models.load_tokenizer(target_spec)
+    target = models.load_model(target_spec, inference=True)
+    ctx = DrafterContext(
+        target=target, tokenizer=tok, device=next(target.parameters()).device, target_spec=target_spec
+    )
+    spec = TRAINERS[args.trainer].spec
+    decoder = SpeculativeDecoder(target, tok)
+    prompts = load_prompts(args.prompts, limit=args.limit)
+    encoded = [torch.tensor([prompt_ids(tok, p)]) for p in prompts]
+    drafters = [
+        NamedDrafter(c.run.name, build_proposer(spec.format(final=c.run.final), ctx), args.k) for c in cells
+    ]
+    for t in todo:
+        settings = EvalSettings(k=args.k, temperature=t, max_new_tokens=args.max_new_tokens, limit=args.limit)
+        print(
+            f"measuring {len(drafters)} checkpoints at T={t:g} ({len(prompts)} prompts, one run)", flush=True
+        )
+        res = decode_measure(decoder, drafters, prompts, encoded, settings, progress=False)
+        rows = {name: {k: v for k, v in r.items() if k != "prompts"} for name, r in res["drafters"].items()}
+        results[t] = {"temperature": t, "k": args.k, "target": target_spec, "prompts": args.prompts,
+                      "n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "dtype": str(target.dtype),
+                      "date": time.strftime("%Y-%m-%d"), "plain": res["plain"], "drafters": rows}  # fmt: skip
+        write_json(args.out / args.trainer / f"measured-t{t:g}.json", results[t])
+    return results
+
+
+def _target(args) -> str:
+    from draftsmith.config import load_config
+
+    cfg = load_config(config_class(TRAINERS[args.trainer].script), str(args.config), args.set)
+    return cfg.model.target
+
+
+def _spread(xs: list[float]) -> float:
+    return (max(xs) - min(xs)) / 2 if len(xs) > 1 else 0.0
+
+
+def aggregate(args, cells: list[Cell], measured: dict[float, dict]) -> dict:
+    """Per loss and temperature: tau mean +- half-range over seeds, alpha_1, speedup; predicted tau beside it."""
+    table = {}
+    for loss in args.losses:
+        mine = [c for c in cells if c.loss == loss]
+        entry = {}
+        for t, m in measured.items():
+            got = [m["drafters"][c.run.name] for c in mine]
+            taus = [g["tau"] for g in got]
+            alpha1 = [g["alpha_per_position"][0] for g in got if g.get("alpha_per_position")]
+            preds = [predicted(c.run.out, args.trainer, args.k) for c in mine]
+            key = "tau_greedy" if t == 0 else "tau_t1"
+            pred = [p[key] for p in preds if p.get(key) is not None]
+            entry[f"t{t:g}"] = {
+                "tau_mean": statistics.mean(taus),
+                "tau_spread": _spread(taus),
+                "tau_per_seed": taus,
+                "alpha1_mean": statistics.mean(alpha1) if alpha1 else None,
+                "speedup_mean": statistics.mean(g["speedup"] for g in got),
+                "speedup_spread": _spread([g["speedup"] for g in got]),
+                "lossless": [g.get("lossless") for g in got] if t == 0 else None,
+                "predicted_tau_mean": statistics.mean(pred) if pred else None,
+                "predicted_over_measured": statistics.mean(pred) / statistics.mean(taus) if pred else None,
+            }
+        table[loss] = entry
+    return table
+
+
+def report(args, table: dict, measured: dict) -> str:
+    base = "fkl" if "fkl" in table else next(iter(table))
+    some = next(iter(measured.values()))
+    lines = [f"# Loss ablation: {args.trainer} ({args.config})", "",
+             f"Target {some['target']} ({some['dtype']}), {some['n_prompts']} prompts of {args.prompts}, "
+             f"{args.max_new_tokens} new tokens, k={args.k}, seeds {', '.join(map(str, args.seeds))} "
+             f"(spread = half the range over seeds), measured {some['date']}. tau includes the bonus token. "
+             f"Predicted tau: the trainer's last held-out eval (chain estimate).", "",
+             "| loss | T | measured tau (mean ± spread) | vs " + base + " | alpha_1 | speedup | predicted tau | predicted / measured |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for loss, entry in table.items():
+        for t, e in entry.items():
+            ref = table[base][t]["tau_mean"]
+            pred = "–" if e["predicted_tau_mean"] is None else f"{e['predicted_tau_mean']:.2f}"
+            ratio = "–" if e["predicted_over_measured"] is None else f"{e['predicted_over_measured']:.2f}"
+            a1 = "–" if e["alpha1_mean"] is None else f"{e['alpha1_mean']:.2f}"
+            lines.append(f"| {loss} | {t[1:]} | {e['tau_mean']:.3f} ± {e['tau_spread']:.3f} | {e['tau_mean'] / ref:.3f} | "
+                         f"{a1} | {e['speedup_mean']:.2f}× ± {e['speedup_spread']:.2f} | {pred} | {ratio} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    temps = list(next(iter(table.values())))
+    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        names = list(table)
+        ax.bar(
+            names, [table[n][t]["tau_mean"] for n in names], yerr=[table[n][t]["tau_spread"] for n in names]
+        )
+        ax.set(title=f"T = {t[1:]}", ylabel="measured tau (bonus included)")
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--trainer", choices=sorted(TRAINERS), default="distill")
+    ap.add_argument("--config", type=Path, default=None, help="recipe (default: the trainer's CPU recipe)")
+    ap.add_argument("--losses", default=None, help="comma list; default: every loss the trainer offers")
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--set", action="append", default=[], help="recipe override for every run (repeatable)")
+    ap.add_argument("--prompts", default="builtin:dev-eval")
+    ap.add_argument("--limit", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=None, help="draft length (default: the trainer's usual one)")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--dry", action="store_true", help="validate and print the plan; write nothing")
+    args = ap.parse_args(argv)
+    tr = TRAINERS[args.trainer]
+    args.config = args.config or ROOT / tr.config
+    if not args.config.is_file():
+        raise SystemExit(f"error: --config {args.config} not found; pass a recipe YAML")
+    args.losses = [x for x in (args.losses or ",".join(trainer_losses(args.trainer))).split(",") if x]
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+        args.temperatures = [float(t) for t in args.temperatures.split(",")]
+    except ValueError:
+        raise SystemExit(
+            "error: --seeds and --temperatures are comma lists of numbers, e.g. --seeds 0,1"
+        ) from None
+    if len(set(args.seeds)) != len(args.seeds) or len(set(args.losses)) != len(args.losses):
+        raise SystemExit("error: --seeds and --losses must not repeat an entry")
+    if any(t < 0 or t != t for t in args.temperatures):
+        raise SystemExit("error: --temperatures must be >= 0 (0 = greedy)")
+    args.k = args.k or tr.k
+    if args.k < 1 or args.limit < 1 or args.max_new_tokens < 1:
+        raise SystemExit("error: --k, --limit and --max-new-tokens must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    cells = plan(args)
+    states = [c.run.state() for c in cells]
+    print(f"{args.trainer}: {len(args.losses)} losses x {len(args.seeds)} seeds from {args.config}; "
+          f"{states.count('done')} done, {states.count('resume')} to resume")  # fmt: skip
+    if args.dry:
+        for c, state in zip(cells, states):
+            print(f"  {state:6s} {c.run.out}: {' '.join(c.run.overrides)}")
+        return 0
+    (args.out / args.trainer).mkdir(parents=True, exist_ok=True)
+    for i, c in enumerate(cells):
+        c.run.run(label=f"[{i + 1}/{len(cells)}] ")
+    measured = measure(args, cells)
+    table = aggregate(args, cells, measured)
+    from draftsmith.fileio import write_json, write_text
+
+    write_json(args.out / args.trainer / "ablation.json", {"trainer": args.trainer, "config": str(args.config),
+               "losses": args.losses, "seeds": args.seeds, "k": args.k, "table": table})  # fmt: skip
+    md = report(args, table, measured)
+    write_text(args.out / args.trainer / "ablation.md", md)
+    plot(table, args.out / args.trainer / "ablation.png")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Loss ablation on the embedded target (resumable: rerun the same command after a stop):
+#   bash scripts/loss_ablation.sh OUT distill [loss_ablation.py options]   # the quickstart draft LM recipe
+#   bash scripts/loss_ablation.sh OUT eagle3  [loss_ablation.py options]   # the EAGLE-3 CPU recipe, shortened
+# The training data is generated once under OUT/data (the recipes' own generate commands), every run of a trainer
+# reads the same data (EAGLE-3 runs share one hidden-state cache), then scripts/loss_ablation.py trains each loss
+# with two seeds and measures every checkpoint in one decoder run (greedy and T=1). Writes OUT/<trainer>/ablation.*.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: bash scripts/loss_ablation.sh OUT distill|eagle3 [options]}
+TRAINER=${2:?usage: bash scripts/loss_ablation.sh OUT distill|eagle3 [options]}
+shift 2
+PY=${PYTHON:-.venv/bin/python}
+case "$TRAINER" in
+  distill)
+    data="$OUT/data/quickstart"
+    "$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit 400 \
+      --max-new-tokens 80 --max-prompt-tokens 160 --skip-long --out "$data"
+    # the target scores the data once for every loss and seed (the recipe keeps its top-64 logits per token)
+    sets=(--set "data.source=[$data,builtin:train-text]" --set "data.target_topk_file=$OUT/data/quickstart-top64.safetensors") ;;
+  eagle3)
+    data="$OUT/data/heads"
+    "$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit 1275 \
+      --max-new-tokens 80 --max-prompt-tokens 160 --skip-long --out "$data"
+    # 200 of the recipe's 600 steps and 1,500 of its 6,773 text pairs (a 2-core fp32 budget); the target states a
+    # run computes are cached (hybrid) in one folder every later loss and seed reads
+    sets=(--set "data.source=[$data,builtin:train-text]" --set "data.limit=[null,1500]" --set train.max_steps=200
+          --set data.hidden_states=hybrid --set "data.hidden_cache=$OUT/data/eagle3-cache") ;;
+  *) echo "error: trainer must be distill or eagle3, got $TRAINER" >&2; exit 2 ;;
+esac
+exec "$PY" scripts/loss_ablation.py "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@"

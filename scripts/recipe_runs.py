@@ -1,0 +1,87 @@
+"""Training runs that a script drives to completion across stops: one recipe + overrides + run folder each.
+
+A run is `done` once its final/ folder holds a config.json, `resume` while it has a step checkpoint, `new` otherwise;
+`run()` trains a new run, resumes an unfinished one (the trainer's own --resume) and leaves a finished one alone, so
+rerunning the calling script after a stop (or kill -9) continues where it was. Recipes are validated strictly (every
+override) before anything runs. Used by scripts/loss_ablation.py and scripts/showcase.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = {"distill": "train/distill.py", "heads": "train/heads.py"}
+
+
+def config_class(trainer: str):
+    if trainer == "distill":
+        from draftsmith.distill.recipe import DistillConfig
+
+        return DistillConfig
+    from draftsmith.heads.recipe import HeadsConfig
+
+    return HeadsConfig
+
+
+@dataclass
+class RecipeRun:
+    name: str
+    trainer: str  # "distill" | "heads"
+    config: Path
+    out: Path
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def argv(self) -> list[str]:
+        return [*self.overrides, f"output_dir={self.out}"]
+
+    @property
+    def final(self) -> Path:
+        return self.out / "final"
+
+    def validate(self):
+        """The recipe with every override, strictly (a bad key or value is one error line); returns the config."""
+        from draftsmith.config import load_config
+        from draftsmith.errors import DraftsmithError
+
+        try:
+            return load_config(config_class(self.trainer), str(self.config), self.argv)
+        except DraftsmithError as e:
+            raise SystemExit(f"error: {self.name}: {e}") from None
+
+    def state(self) -> str:
+        if (self.final / "config.json").is_file():
+            return "done"
+        return "resume" if any(self.out.glob("checkpoints/step-*")) else "new"
+
+    def run(self, label: str = "") -> float:
+        """Train to completion (resuming when it can); seconds spent, 0 for a finished run."""
+        state = self.state()
+        if state == "done":
+            print(f"{label}{self.name}: done, kept", flush=True)
+            return 0.0
+        cmd = [
+            sys.executable,
+            str(ROOT / SCRIPTS[self.trainer]),
+            "--config",
+            str(self.config),
+            "--no-progress",
+        ]
+        cmd += self.argv + (["--resume"] if state == "resume" else [])
+        print(
+            f"{label}{self.name}: {'resuming' if state == 'resume' else 'training'} -> {self.out}", flush=True
+        )
+        t0 = time.time()
+        proc = subprocess.run(cmd, cwd=ROOT)
+        if proc.returncode != 0:
+            raise SystemExit(
+                f"error: training {self.name} failed (exit {proc.returncode}); rerun the same command to resume it"
+            )
+        took = time.time() - t0
+        print(f"{label}{self.name}: {took:.0f} s", flush=True)
+        return took

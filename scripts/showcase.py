@@ -1,0 +1,232 @@
+"""The whole table on the memory-bound embedded target (Qwen2.5-Coder-1.5B-Instruct), rebuilt by one resumable command.
+
+    bash scripts/showcase.sh OUT [--limit 8] [--max-new-tokens 64] [--skip NAME ...] [--dry]
+
+1. data: the target answers builtin:train prompts once (`draftsmith generate`, resumable) -> OUT/data/gen; every
+   recipe trains on it (the distill recipes share one top-k score file, the heads one hidden-state cache).
+2. training: every recipe `recipes/qwen2.5-coder-1.5b-*.yaml` and `recipes/heads-qwen2.5-coder-1.5b-*.yaml` whose
+   OUT/<name>/final is missing is trained (an unfinished run resumes); then the training-free layer-skip search.
+3. one benchmark process: the target loaded once; plain decoding, every trained drafter, `ngram:`, the 0.5B as it
+   is, layer skip (draftsmith.decode.evaluate.measure: per prompt, all of them back to back in a rotated order),
+   then transformers' `generate`, `assistant_model` (the same 0.5B) and prompt lookup the same way; on dev-eval
+   prompts no recipe tuned on. Writes OUT/showcase.json (every number, per prompt), OUT/showcase.md (the table:
+   tau, alpha per position, speedup, the drafter's time and FLOP share of a target step, lossless) and
+   OUT/showcase.png. A rerun after a stop skips what is done.
+
+--dry checks every recipe (with the OUT paths) and prints the plan; it writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from recipe_runs import ROOT, RecipeRun
+
+TARGET, SMALL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+GENERATE = ["--prompts", "builtin:train", "--limit", "256", "--max-new-tokens", "160", "--batch-size", "32"]
+"""The data every recipe's header names (recipes/qwen2.5-coder-1.5b-*.yaml)."""
+SPECS = {
+    "distill": ("draft:{final}", 4),
+    "eagle3": ("eagle:{final},top_k=1", 3),
+    "eagle": ("eagle:{final},top_k=1", 3),
+    "dflash": ("dflash:{final}", 4),
+    "peagle": ("peagle:{final}", 3),
+    "medusa": ("medusa:{final}", 3),
+    "medusa2": ("medusa:{final}", 3),
+    "earlyexit": ("earlyexit:{final}", 3),
+}
+"""kind -> (the eval spec of a trained folder, its draft length k): chains, the setting the CPU recipes measured best."""
+BASELINES = [("ngram", "ngram:", 4), ("draft-0.5b-as-is", f"draft:{SMALL}", 4)]
+
+
+def recipe_runs(out: Path) -> list[RecipeRun]:
+    runs = []
+    for path in sorted((ROOT / "recipes").glob(f"{TARGET}-*.yaml")):
+        name = path.stem.removeprefix(f"{TARGET}-")
+        runs.append(RecipeRun(name, "distill", path, out / name, [
+            f"data.source={out / 'data' / 'gen'}", f"data.target_topk_file={out / 'data' / 'target-top64.safetensors'}"]))  # fmt: skip
+    for path in sorted((ROOT / "recipes").glob(f"heads-{TARGET}-*.yaml")):
+        name = path.stem.removeprefix(f"heads-{TARGET}-")
+        runs.append(RecipeRun(name, "heads", path, out / name, [
+            f"data.source={out / 'data' / 'gen'}", f"data.hidden_cache={out / 'data' / 'hidden'}"]))  # fmt: skip
+    return runs
+
+
+def drafter_specs(out: Path, runs: list[RecipeRun], configs: dict) -> list[tuple[str, str, int]]:
+    specs = list(BASELINES)
+    for run in runs:
+        kind = "distill" if run.trainer == "distill" else configs[run.name].head.kind
+        template, k = SPECS[kind]
+        specs.append((run.name, template.format(final=run.final), k))
+    specs.append(("layerskip", f"layerskip:{out / 'layerskip'}", 3))
+    return specs
+
+
+def generate(out: Path) -> None:
+    cmd = [sys.executable, "-m", "draftsmith.app.cli", "generate", "--target", TARGET, *GENERATE]
+    print("data:", " ".join(cmd[3:]), flush=True)
+    if subprocess.run([*cmd, "--out", str(out / "data" / "gen")], cwd=ROOT).returncode != 0:
+        raise SystemExit("error: generating the data failed; rerun the same command to resume it")
+
+
+def layerskip(out: Path) -> None:
+    if (out / "layerskip" / "config.json").is_file():
+        print("layerskip: done, kept", flush=True)
+        return
+    cmd = [
+        sys.executable,
+        "-m",
+        "draftsmith.app.cli",
+        "layerskip",
+        "--target",
+        TARGET,
+        "--out",
+        str(out / "layerskip"),
+    ]
+    print("layerskip: searching", flush=True)
+    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+        raise SystemExit("error: the layer-skip search failed; rerun the same command")
+
+
+def bench(args, specs: list[tuple[str, str, int]]) -> dict:
+    """Drafters (bench_drafters.bench, with FLOP shares) and transformers' peers, in this one process."""
+    import bench_drafters
+    import bench_peers
+    import torch
+
+    from draftsmith import models
+    from draftsmith.decode.decoder import SpeculativeDecoder
+    from draftsmith.prompts import load_prompts, prompt_ids
+
+    tok = models.load_tokenizer(TARGET)
+    target = models.load_model(TARGET, inference=True)
+    ns = argparse.Namespace(target=TARGET, prompts=args.prompts, limit=args.limit, max_new_tokens=args.max_new_tokens, dtype=None)  # fmt: skip
+    drafters = bench_drafters.bench(ns, specs, target=target, tok=tok, flops=True)
+    small = models.load_model(SMALL, inference=True)
+    dec = SpeculativeDecoder(target, tok)
+    methods = bench_peers.hf_methods(target, tok, dec, small, args.max_new_tokens, pld_tokens=10)
+    prompts = load_prompts(args.prompts, limit=args.limit)
+    encoded = [
+        torch.tensor([prompt_ids(tok, p)]) for p in prompts[:1] + prompts
+    ]  # the first one twice: warm-up
+    tokens, seconds, same, ties = bench_peers.run_interleaved(methods, encoded, target, torch.device("cpu"))
+    peers = {n: {"tokens_per_s": tokens[n] / seconds[n], "identical_to_hf_plain": same[n], "near_ties": ties[n]}
+             for n in methods}  # fmt: skip
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "drafters": drafters,
+        "peers": peers,
+        "n_prompts": len(prompts),
+    }
+
+
+def report(res: dict) -> str:
+    d = res["drafters"]
+    c = next(iter(d["drafters"].values()))["conditions"]
+    hf = res["peers"]
+    lines = [
+        f"# {TARGET}: every drafter against plain decoding, one run ({res['date']})", "",
+        f"{c['hardware']}, {c['dtype']}, {c['cpu_layout']}; {res['n_prompts']} prompts of {c['prompts']}, "
+        f"{c['max_new_tokens']} new tokens, greedy. tau includes the bonus token. Plain decoding: "
+        f"{d['plain_tokens_per_s']:.2f} tokens/s ({d['plain_ms_per_step']:.0f} ms a step); transformers' plain "
+        f"generate: {hf['hf_plain']['tokens_per_s']:.2f} tokens/s.", "",
+        "| drafter | k | tau | alpha per position | draft time / step per token | its FLOP share | speedup | lossless |",
+        "|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for name, r in d["drafters"].items():
+        alpha = " ".join("-" if a is None else f"{a:.2f}" for a in r["alpha_per_position"])
+        cost = "-" if r["draft_cost_per_token"] is None else f"{r['draft_cost_per_token']:.3f}"
+        share = "-" if r["draft_flop_share"] is None else f"{r['draft_flop_share']:.3f}"
+        lines.append(f"| {name} | {r['k']} | {r['tau']:.2f} | {alpha} | {cost} | {share} | {r['speedup']:.2f}x | {r['lossless']} |")  # fmt: skip
+    lines += [
+        "",
+        "| transformers | tokens/s | vs its plain generate | same output as plain generate |",
+        "|---|---|---|---|",
+    ]
+    for name, r in hf.items():
+        ratio = r["tokens_per_s"] / hf["hf_plain"]["tokens_per_s"]
+        lines.append(
+            f"| {name} | {r['tokens_per_s']:.2f} | {ratio:.2f}x | {r['identical_to_hf_plain']}/{res['n_prompts']} |"
+        )
+    draft = d["drafters"].get("draft-0.5b-as-is")
+    if draft:
+        ratio = d["plain_tokens_per_s"] * draft["speedup"] / hf["hf_assistant"]["tokens_per_s"]
+        lines += [
+            "",
+            f"draftsmith `draft:` with the 0.5B as it is / transformers `assistant_model` with it: {ratio:.2f}x",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = res["drafters"]["drafters"]
+    names = list(rows)
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(names)), 4))
+    ax.bar(names, [rows[n]["speedup"] for n in names])
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set(
+        ylabel="speedup over plain decoding (same run)",
+        title=f"{TARGET}, {res['n_prompts']} dev-eval prompts",
+    )
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--prompts", default="builtin:dev-eval")
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument(
+        "--skip", action="append", default=[], help="a recipe name not to train or bench (repeatable)"
+    )
+    ap.add_argument("--dry", action="store_true")
+    args = ap.parse_args(argv)
+    runs = [r for r in recipe_runs(args.out) if r.name not in args.skip]
+    configs = {r.name: r.validate() for r in runs}  # every recipe, strictly, before anything is written
+    specs = drafter_specs(args.out, runs, configs)
+    from bench_drafters import parse_drafters
+
+    try:
+        parse_drafters([f"{n}={s}@{k}" for n, s, k in specs])
+    except Exception as e:  # noqa: BLE001 - a DraftsmithError line
+        raise SystemExit(f"error: {e}") from None
+    results = args.out / "showcase.json"
+    print(f"{len(runs)} recipes ({sum(r.state() == 'done' for r in runs)} done), {len(specs)} drafters, "
+          f"{len(BASELINES)} baselines and 3 transformers methods against plain decoding")  # fmt: skip
+    if args.dry:
+        for r in runs:
+            print(f"  {r.state():6s} {r.name}: {r.config.name} {' '.join(r.overrides)}")
+        for n, s, k in specs:
+            print(f"  bench {n}: {s} @ k={k}")
+        return 0
+    if results.is_file():
+        raise SystemExit(f"error: {results} exists; move it away to measure again (training stays done)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    generate(args.out)
+    for i, r in enumerate(runs):
+        r.run(label=f"[{i + 1}/{len(runs)}] ")
+    layerskip(args.out)
+    res = bench(args, specs)
+    from draftsmith.fileio import atomic_write, write_json, write_text
+
+    write_json(results, res)
+    write_text(args.out / "showcase.md", report(res))
+    atomic_write(args.out / "showcase.png", lambda p: plot(res, p))
+    print(report(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""decode.flops: FLOPs of a plain target step and of a drafter per drafted token, counted on a real decode."""
+
+import torch
+
+from draftsmith.decode.decoder import SpeculativeDecoder
+from draftsmith.decode.flops import decode_flops
+from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
+
+PROMPT = torch.tensor([[1, 40, 50, 60, 70, 80, 40, 50, 60, 90, 40, 50]])
+
+
+def _matmul_params(model) -> int:
+    return sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and p.dim() == 2)
+
+
+def test_target_step_and_draft_share_follow_the_weights(tiny_target, tiny_draft):
+    dec = SpeculativeDecoder(tiny_target, None)
+    plain = decode_flops(dec, None, PROMPT, k=3)
+    # one token through every matmul weight (2 FLOPs per weight) plus a little attention over the cache
+    assert (
+        2 * _matmul_params(tiny_target) <= plain["target_step_flops"] <= 1.1 * 2 * _matmul_params(tiny_target)
+    )
+    proposer = DraftModelProposer(tiny_draft, 384)
+    got = decode_flops(dec, proposer, PROMPT, k=3)
+    weights_share = _matmul_params(tiny_draft) / _matmul_params(tiny_target)
+    # a draft LM also re-reads the accepted tokens and the correction it did not draft: somewhat above its share
+    assert weights_share * 0.9 <= got["flop_share"] <= weights_share * 2.5
+    assert got["drafted_tokens"] > 0
+    assert not set(vars(proposer)) & {"begin", "propose", "advance"}  # the counting wrappers are gone
+
+
+def test_a_lookup_drafter_costs_no_flops(tiny_target):
+    dec = SpeculativeDecoder(tiny_target, None)
+    proposer = NGramProposer()
+    got = decode_flops(dec, proposer, PROMPT, k=4)
+    assert got["flop_share"] == 0.0 and "propose" not in vars(proposer)

@@ -1,0 +1,105 @@
+"""scripts/loss_ablation.py: plans and validates before it writes, trains every loss x seed from one recipe with
+one held-out split, resumes, and measures every checkpoint with the decoder in one run."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import loss_ablation  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory, tiny_dirs):
+    from draftsmith.selfdistill import generate_dataset
+
+    root = tmp_path_factory.mktemp("ablation")
+    f = root / "prompts.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt": f"Count the apples in basket {i}."}) for i in range(10)))
+    gen = generate_dataset(tiny_dirs["target"], str(f), root / "gen", max_new_tokens=8, progress=False)
+    sets = [f"model.target={tiny_dirs['target']}", "model.layers=[0]", "model.vocab_size=0", f"data.source={gen}",
+            "data.limit=null", "data.eval_size=3", "data.cache_target_topk=0", "train.max_steps=2",
+            "train.batch_size=2", "train.save_every=1", "train.warmup_steps=0", "train.log_every=1",
+            "eval.batch_size=2"]  # fmt: skip
+    return root, [a for s in sets for a in ("--set", s)], tiny_dirs
+
+
+def _args(out, sets, *extra):
+    return [
+        str(out),
+        "--trainer",
+        "distill",
+        *sets,
+        "--seeds",
+        "0,1",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "8",
+        *extra,
+    ]
+
+
+def test_dry_run_validates_and_writes_nothing(tiny_setup, capsys):
+    root, sets, _ = tiny_setup
+    out = root / "dry"
+    assert loss_ablation.main(_args(out, sets, "--losses", "fkl,tvd,fkl>tvd@1", "--dry")) == 0
+    text = capsys.readouterr().out
+    assert "3 losses x 2 seeds" in text and "loss.warmup_kind=fkl loss.warmup_steps=1" in text
+    assert text.count("data.split_seed=0") == 6 and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--losses", "fkl,nope"], "'nope' is not a distill loss"),
+        (["--losses", "fkl>tvd"], "use A>B@STEPS"),
+        (["--losses", "fkl,fkl"], "must not repeat"),
+        (["--seeds", "0,x"], "comma lists of numbers"),
+        (["--set", "train.lr=oops"], "error: fkl-s0:"),
+    ],
+)
+def test_bad_arguments_are_one_line_before_anything_is_written(tiny_setup, extra, message):
+    root, sets, _ = tiny_setup
+    out = root / "bad"
+    with pytest.raises(SystemExit) as e:
+        loss_ablation.main(
+            _args(out, sets, "--losses", "fkl", *extra)
+            if "--losses" not in extra
+            else _args(out, sets, *extra)
+        )
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert not out.exists()
+
+
+@pytest.mark.slow  # 4 two-step training runs (each its own process) and one decoder run
+def test_trains_every_loss_and_seed_then_measures_them_in_one_run(tiny_setup, capsys):
+    root, sets, _ = tiny_setup
+    out = root / "full"
+    argv = _args(out, sets, "--losses", "fkl,tvd", "--temperatures", "0,1")
+    assert loss_ablation.main(argv) == 0
+    runs = out / "distill" / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == ["fkl-s0", "fkl-s1", "tvd-s0", "tvd-s1"]
+    for run in runs.iterdir():
+        recipe = (run / "run.yaml").read_text()
+        assert "split_seed: 0" in recipe and (run / "final" / "config.json").is_file()
+    table = json.loads((out / "distill" / "ablation.json").read_text())["table"]
+    for loss in ("fkl", "tvd"):
+        for t in ("t0", "t1"):
+            row = table[loss][t]
+            assert len(row["tau_per_seed"]) == 2 and all(1.0 <= x <= 5.0 for x in row["tau_per_seed"])
+            assert row["predicted_tau_mean"] is not None
+        assert table[loss]["t0"]["lossless"] == [True, True]  # greedy speculative == greedy plain
+    measured = json.loads((out / "distill" / "measured-t0.json").read_text())
+    assert sorted(measured["drafters"]) == ["fkl-s0", "fkl-s1", "tvd-s0", "tvd-s1"]
+    assert (out / "distill" / "ablation.md").read_text().count("| fkl |") == 2
+    # a rerun trains nothing and measures nothing again
+    before = {p: p.stat().st_mtime_ns for p in (out / "distill").glob("measured-*.json")}
+    capsys.readouterr()
+    assert loss_ablation.main(argv) == 0
+    assert capsys.readouterr().out.count(": done, kept") == 4
+    assert {p: p.stat().st_mtime_ns for p in (out / "distill").glob("measured-*.json")} == before

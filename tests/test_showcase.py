@@ -1,0 +1,32 @@
+"""scripts/showcase.py --dry: every Qwen recipe validated with the output paths, the plan printed, nothing written."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import showcase  # noqa: E402
+
+
+def test_dry_run_plans_every_recipe_and_drafter(tmp_path, capsys):
+    out = tmp_path / "sc"
+    assert showcase.main([str(out), "--dry"]) == 0
+    text = capsys.readouterr().out
+    recipes = sorted((ROOT / "recipes").glob("*qwen2.5-coder-1.5b-*.yaml"))
+    assert len(recipes) >= 2 and all(f" {p.name} " in text for p in recipes)
+    assert f"data.source={out / 'data' / 'gen'}" in text
+    for name in ("ngram", "draft-0.5b-as-is", "layerskip"):
+        assert f"bench {name}:" in text
+    assert not out.exists()
+
+
+def test_a_finished_showcase_is_not_measured_over(tmp_path):
+    out = tmp_path / "sc"
+    out.mkdir()
+    (out / "showcase.json").write_text("{}")
+    with pytest.raises(SystemExit, match="showcase.json exists"):
+        showcase.main([str(out), "--skip", "draft-0.5b-lora", "--skip", "draft-0.5b-pruned"])
+    assert sorted(p.name for p in out.iterdir()) == ["showcase.json"]
