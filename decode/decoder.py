@@ -23,49 +23,13 @@ from draftsmith.models import eos_token_ids
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 
 from .proposer import Proposal, Proposer, node_depths
-from .ragged import RaggedCache, block_visibility
+from .ragged import RaggedCache, committed_tokens, kept_hidden, verify_inputs
+from .results import BatchResult, GenerationResult
+from .rowwise import batched
 from .verify import verify_rows
 
 # forward(cache=...) arrived in transformers 5.24 (before: past_key_values=)
 _TRANSFORMERS_TOO_OLD = tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 24)
-
-
-@dataclass
-class GenerationResult:
-    """One generation. `accepted[s]` = draft tokens accepted at verify step s (the step also adds one token)."""
-
-    tokens: list[int]  # generated ids (prompt excluded)
-    prompt_len: int
-    accepted: list[int] = field(default_factory=list)
-    proposed: list[int] = field(default_factory=list)  # proposal depth per step (0 = plain step)
-    target_forwards: int = 0  # including the prefill forward
-    time_total: float = 0.0
-    time_draft: float = 0.0  # proposer.begin/propose/advance
-    time_prefill: float = 0.0  # the prompt's forward (part of time_total): per-step costs leave it out
-    verified: list[int] = field(default_factory=list)  # tokens in each verify forward (1 + proposal nodes)
-    stop_reason: str = "length"
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens per verify forward, bonus/correction token included."""
-        return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
-
-
-@dataclass
-class BatchResult:
-    """A batch decoded together: one GenerationResult per prompt (in order; each row's time_total is when it
-    finished) and what the batch cost."""
-
-    rows: list[GenerationResult]
-    time_total: float = 0.0
-    time_prefill: float = 0.0
-    time_draft: float = 0.0
-    forward_rows: list[int] = field(
-        default_factory=list
-    )  # batch rows in each target forward, the prefill first
-    step_depths: list[int] = field(
-        default_factory=list
-    )  # deepest proposal of each verify step (drafting work)
 
 
 @dataclass
@@ -226,6 +190,7 @@ class SpeculativeDecoder:
         tokens per step, and a row that stops (EOS, stop string, length) leaves the batch. Returns one
         GenerationResult per prompt (in order) and the batch's costs."""
         params = params if params is not None else SamplingParams()  # greedy
+        proposer = batched(proposer)  # a single-row proposer drafts each row with its own copy
         ids, pads = self._check(prompts, proposer, k, max_new_tokens)
         run = _Run(
             proposer=proposer,
@@ -332,7 +297,7 @@ class SpeculativeDecoder:
         # a self-speculative proposer may verify reusing its shared-layer rows (None: nothing to reuse)
         shared = proposer.verify_forward(block, proposal) if hasattr(proposer, "verify_forward") else None
         if shared is None:
-            kw = self._block_inputs(run.ragged, proposal, depths)
+            kw = verify_inputs(run.ragged, proposal, depths, self.target.dtype, self.device)
             shared = self._forward(block, run.ragged.cache, run.layers, **kw)
         logits, hidden = shared
         run.out.forward_rows.append(B)
@@ -344,14 +309,14 @@ class SpeculativeDecoder:
                 paths[b] = paths[b][:cap]
         run.ragged.commit([[0, *(1 + i for i in p)] for p in paths], block.shape[1])
         run.paths, run.last = paths, last.to(self.device)
-        run.new = self._committed(proposal, paths, run.last)  # [B, A]: each row's accepted tokens + its next
+        run.new = committed_tokens(proposal, paths, run.last)  # [B, A]: each row's accepted tokens + its next
         for b, (res, path) in enumerate(zip(rows, paths)):
             res.accepted.append(len(path))
             res.proposed.append(max(depths[b], default=0))
             res.verified.append(1 + proposal.row_size(b))
             res.target_forwards += 1
             res.tokens.extend(run.new[b, : len(path) + 1].tolist())
-        return [len(p) + 1 for p in paths], self._kept_rows(hidden, paths)
+        return [len(p) + 1 for p in paths], kept_hidden(hidden, paths, self.device)
 
     def _check_proposal(self, proposal: Proposal, B: int, kk: int, proposer) -> list[list[int]]:
         """Depth of every row's nodes; a proposal for the wrong rows or deeper than kk is a proposer bug."""
@@ -366,42 +331,6 @@ class SpeculativeDecoder:
                 f"proposer {proposer.name!r} drafted depth {deepest} > k={kk}; proposers must honour k"
             )
         return depths
-
-    def _block_inputs(self, ragged: RaggedCache, proposal: Proposal, depths: list[list[int]]) -> dict:
-        """Position ids and attention mask of the verify block ({} where the model's own causal mask is right)."""
-        n = 1 + proposal.num_nodes
-        if proposal.is_chain:
-            return ragged.block_inputs(n, self.target.dtype, self.device)
-        parents = [proposal.row_parents(b) for b in range(ragged.batch)]
-        offsets = torch.ones(ragged.batch, n, dtype=torch.long)
-        offsets[:, 0] = 0
-        for b, d in enumerate(depths):
-            offsets[b, 1 : 1 + len(d)] = torch.tensor(d, dtype=torch.long)
-        visible = block_visibility(parents, n, self.device)
-        return ragged.block_inputs(n, self.target.dtype, self.device, visible, offsets.to(self.device))
-
-    def _committed(self, proposal: Proposal, paths: list[list[int]], last: torch.Tensor) -> torch.Tensor:
-        """[B, A] each row's accepted node tokens then its next token, right-padded with that token."""
-        width = 1 + max(len(p) for p in paths)
-        new = last[:, None].expand(-1, width).clone()
-        for b, p in enumerate(paths):
-            if p:
-                new[b, : len(p)] = proposal.tokens[b, p].to(new.device)
-        return new
-
-    def _kept_rows(self, hidden: tuple | None, paths: list[list[int]]) -> tuple | None:
-        """The hidden rows that predicted each row's committed tokens: the root's and the accepted nodes', [B, A, H]
-        right-padded (with the root's row)."""
-        if hidden is None:
-            return None
-        width = 1 + max(len(p) for p in paths)
-        rows = torch.zeros(len(paths), width, dtype=torch.long)
-        for b, p in enumerate(paths):
-            rows[b, 1 : 1 + len(p)] = torch.tensor([1 + i for i in p], dtype=torch.long)
-        rows = rows.to(self.device)
-        if len(paths) == 1:
-            return tuple(h[:, rows[0]] for h in hidden)
-        return tuple(h.gather(1, rows[:, :, None].expand(-1, -1, h.shape[-1])) for h in hidden)
 
     def _ended(self, run: _Run, n_new: list[int], max_new_tokens: int) -> list[int]:
         """Truncate the rows that stopped (EOS, stop string, length) at their stop; -> the batch rows that go on."""

@@ -179,3 +179,44 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype, kv_len: int | None) -> 
     out = torch.full((b, q, width), torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
     out[:, :, :k].masked_fill_(allowed, 0.0)
     return out[:, None]
+
+
+# -- the decoder's verify block and what a step keeps of it ------------------------------------------------------
+def verify_inputs(ragged: RaggedCache, proposal, depths: list[list[int]], dtype, device) -> dict:
+    """Position ids and attention mask of the verify block [root, nodes] of every row, node depths `depths` per row
+    ({} where the model's own causal mask is right)."""
+    n = 1 + proposal.num_nodes
+    if proposal.is_chain:
+        return ragged.block_inputs(n, dtype, device)
+    parents = [proposal.row_parents(b) for b in range(ragged.batch)]
+    offsets = torch.ones(ragged.batch, n, dtype=torch.long)
+    offsets[:, 0] = 0
+    for b, d in enumerate(depths):
+        offsets[b, 1 : 1 + len(d)] = torch.tensor(d, dtype=torch.long)
+    visible = block_visibility(parents, n, device)
+    return ragged.block_inputs(n, dtype, device, visible, offsets.to(device))
+
+
+def committed_tokens(proposal, paths: list[list[int]], last: torch.Tensor) -> torch.Tensor:
+    """[B, A] each row's accepted node tokens then its next token, right-padded with that token."""
+    width = 1 + max(len(p) for p in paths)
+    new = last[:, None].expand(-1, width).clone()
+    for b, p in enumerate(paths):
+        if p:
+            new[b, : len(p)] = proposal.tokens[b, p].to(new.device)
+    return new
+
+
+def kept_hidden(hidden: tuple | None, paths: list[list[int]], device) -> tuple | None:
+    """The hidden rows that predicted each row's committed tokens: the root's and the accepted nodes', [B, A, H]
+    right-padded (with the root's row)."""
+    if hidden is None:
+        return None
+    width = 1 + max(len(p) for p in paths)
+    rows = torch.zeros(len(paths), width, dtype=torch.long)
+    for b, p in enumerate(paths):
+        rows[b, 1 : 1 + len(p)] = torch.tensor([1 + i for i in p], dtype=torch.long)
+    rows = rows.to(device)
+    if len(paths) == 1:
+        return tuple(h[:, rows[0]] for h in hidden)
+    return tuple(h.gather(1, rows[:, :, None].expand(-1, -1, h.shape[-1])) for h in hidden)

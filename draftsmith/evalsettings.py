@@ -52,6 +52,10 @@ class EvalSettings:
             if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batch_sizes):
                 raise DraftsmithError(f"batch sizes must be integers >= 1, got {list(self.batch_sizes)}")
             object.__setattr__(self, "batch_sizes", tuple(sorted({1, *self.batch_sizes})))
+            if self.compile and max(self.batch_sizes) > 1:
+                raise DraftsmithError(
+                    "--compile decodes one prompt at a time; drop --compile or --batch-size"
+                )
         self.params  # noqa: B018 - SamplingParams validates temperature/top_p/top_k with one-line errors
 
     @property

@@ -12,8 +12,12 @@ hide; `tiny_model(arch)` / `save_tiny(arch=...)` / `save_tiny_like(target)` pick
 Oracles (one per property; `decoder` is a draftsmith.decode SpeculativeDecoder, passed in because this core module
 imports nothing above core):
 - `assert_greedy_lossless(decoder, proposer, prompts)`: greedy speculative output == greedy plain decoding;
+- `assert_batch_greedy_lossless(decoder, proposer, prompts)`: the prompts decoded as ONE batch (different lengths,
+  rows stopping at different steps) give every row exactly its greedy batch-1 plain decoding, and a row that stopped
+  is in no later target forward;
 - `sampled_joint_tvd(decoder, proposer, prompt)`: total-variation distance between the joint law of the first
-  generated tokens under speculative sampling and the target's exact joint law (small vocabularies).
+  generated tokens under speculative sampling and the target's exact joint law (small vocabularies); `batch_with=`
+  decodes the prompt in a batch beside other prompts.
 """
 
 from __future__ import annotations
@@ -193,6 +197,31 @@ def assert_greedy_lossless(decoder, proposer, prompts, *, k: int = 4, max_new_to
     return results
 
 
+def assert_batch_greedy_lossless(decoder, proposer, prompts, *, k: int = 4, max_new_tokens: int = 24):
+    """Greedy speculative decoding of `prompts` ([1, T_b] of different lengths) together, as one batch: every row
+    equals greedy batch-1 plain decoding of its prompt, and rows stop at different steps (for this call the token the
+    first prompt emits at step max_new_tokens // 3 is also an end token, so that row ends early while others run
+    on). Each target forward holds exactly the rows still decoding. Returns the BatchResult."""
+    eos = decoder.eos_ids
+    first = decoder.generate(prompts[0], None, max_new_tokens=max_new_tokens).tokens
+    decoder.eos_ids = set(eos) | {first[min(max_new_tokens // 3, len(first) - 1)]}
+    try:
+        ref = [decoder.generate(p, None, max_new_tokens=max_new_tokens).tokens for p in prompts]
+        out = decoder.generate_batch(
+            [p.reshape(-1) for p in prompts], proposer, k=k, max_new_tokens=max_new_tokens
+        )
+    finally:
+        decoder.eos_ids = eos
+    name = getattr(proposer, "name", type(proposer).__name__)
+    assert len({len(r) for r in ref}) > 1, f"the rows should stop at different steps: {ref}"
+    for b, (row, want) in enumerate(zip(out.rows, ref)):
+        assert row.tokens == want, f"{name} row {b} of {len(prompts)}: {row.tokens} != batch-1 plain {want}"
+        assert row.target_forwards == 1 + len(row.accepted), name
+    steps = range(len(out.forward_rows))
+    assert out.forward_rows == [sum(r.target_forwards > j for r in out.rows) for j in steps], name
+    return out
+
+
 @torch.inference_mode()
 def exact_joint(target, prompt: torch.Tensor, tokens: int = 3, temperature: float = 1.0) -> torch.Tensor:
     """The target's exact joint law [V] * tokens of its next `tokens` tokens after `prompt` [1, T], from full
@@ -222,10 +251,12 @@ def sampled_joint_tvd(
     k: int = 2,
     tokens: int = 3,
     temperature: float = 1.0,
+    batch_with: tuple[torch.Tensor, ...] = (),
 ) -> float:
     """TVD between the joint law of the first `tokens` tokens of `n` seeded speculative-sampling runs and the
     target's exact joint law (exact_joint). Use a vocabulary of a few tokens (V**tokens outcomes); ~0.06 bounds the
-    sampling noise of 2500 draws over 64 outcomes."""
+    sampling noise of 2500 draws over 64 outcomes. batch_with: other prompts [1, T] decoded in the same batch
+    (generate_batch; the law is the first row's)."""
     from draftsmith.sampling import SamplingParams
 
     v = decoder.target.config.vocab_size
@@ -235,7 +266,14 @@ def sampled_joint_tvd(
     torch.set_num_threads(1)  # tiny matmuls: threading overhead dominates, worse on a shared CPU
     try:
         for s in range(n):
-            out = decoder.generate(prompt, proposer, k=k, params=params, max_new_tokens=tokens, seed=s).tokens
+            if batch_with:
+                rows = [r.reshape(-1) for r in (prompt, *batch_with)]
+                kw = dict(k=k, params=params, max_new_tokens=tokens, seed=s)
+                out = decoder.generate_batch(rows, proposer, **kw).rows[0].tokens
+            else:
+                out = decoder.generate(
+                    prompt, proposer, k=k, params=params, max_new_tokens=tokens, seed=s
+                ).tokens
             counts[tuple(out[:tokens])] += 1
     finally:
         torch.set_num_threads(threads)

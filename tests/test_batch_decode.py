@@ -196,11 +196,14 @@ def test_proposal_rows_and_verify_rows():
 def test_batch_refusals(tiny_target, tiny_draft):
     dec = SpeculativeDecoder(tiny_target, eos_ids=set())
 
-    class OneRow:
+    class OnTargetCache:  # drafts on the target's cache (attach) but keeps no per-row state (no retain)
         name, hidden_state_layers = "one-row", ()
 
+        def attach(self, decoder, ragged):
+            pass
+
     with pytest.raises(DraftsmithError, match="cannot decode a batch"):
-        dec.generate_batch(_prompts(2), OneRow(), max_new_tokens=4)
+        dec.generate_batch(_prompts(2), OnTargetCache(), max_new_tokens=4)
     with pytest.raises(DraftsmithError, match="one prompt at a time"):
         SpeculativeDecoder(tiny_target, eos_ids=set(), static_cache=True).generate_batch(_prompts(2), None)
     with pytest.raises(DraftsmithError, match="generate_batch"):

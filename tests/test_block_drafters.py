@@ -181,6 +181,9 @@ def test_sampled_block_drafts_keep_the_target_distribution(kind):
     )
     dec = SpeculativeDecoder(target, eos_ids=set())
     assert sampled_joint_tvd(dec, prop, torch.tensor([[1, 3, 0, 2]])) < 0.06
+    # batch 2 (one drafter copy per row, decode.rowwise): the first row's law beside a longer prompt
+    other = (torch.tensor([[2, 0, 1, 3, 3, 1]]),)
+    assert sampled_joint_tvd(dec, prop, torch.tensor([[1, 3, 0, 2]]), batch_with=other) < 0.06
 
 
 @pytest.fixture(scope="module")

@@ -224,12 +224,17 @@ def test_sampling_runs_and_respects_budget(tiny_target, tiny_draft):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_sampled_decoding_matches_target_distribution(arch):
     """End to end at temperature 1 on a 4-token vocabulary: the joint law of tokens 1-3 (drafted by a
-    disagreeing draft, k=2) equals the target's exact joint law, on both tiny architectures."""
+    disagreeing draft, k=2) equals the target's exact joint law, on both tiny architectures, alone and in a batch
+    of two."""
     target = tiny_model(arch, 0, vocab_size=4)
     draft = tiny_model(arch, 3, vocab_size=4, num_hidden_layers=1)
     dec = SpeculativeDecoder(target, eos_ids=set())
     tvd = sampled_joint_tvd(dec, DraftModelProposer(draft, 4), torch.tensor([[1, 3, 0, 2]]), n=3000)
     assert tvd < 0.06, tvd
+    # batch 2: the row beside a longer prompt (left padding, its own acceptance and rollback) keeps the law
+    other = (torch.tensor([[2, 0, 1, 3, 3, 1, 0]]),)
+    tvd = sampled_joint_tvd(dec, DraftModelProposer(draft, 4), torch.tensor([[1, 3, 0, 2]]), batch_with=other)
+    assert tvd < 0.06, ("B=2", tvd)
 
 
 def test_static_cache_path_is_lossless(tiny_target, tiny_draft, reference):

@@ -19,7 +19,14 @@ from draftsmith.decode.proposer import Proposal
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.kinds import HEAD_KINDS
 from draftsmith.kinds import DrafterKind, Option, Training, parse_options
-from draftsmith.testing import ARCHS, assert_greedy_lossless, oracle_prompts, tiny_model, tiny_tokenizer
+from draftsmith.testing import (
+    ARCHS,
+    assert_batch_greedy_lossless,
+    assert_greedy_lossless,
+    oracle_prompts,
+    tiny_model,
+    tiny_tokenizer,
+)
 
 SPEC_KINDS = sorted(name for name, rec in DRAFTERS.items() if rec.build is not None)
 
@@ -39,6 +46,19 @@ def test_every_kind_is_greedy_lossless_on_both_architectures(kind, arch_target, 
         SpeculativeDecoder(target, eos_ids=set()), proposer, oracle_prompts(384), k=4
     )
     assert max(max(r.proposed) for r in results) >= 1  # it drafted
+
+
+@pytest.mark.parametrize("kind", SPEC_KINDS)
+def test_every_kind_decodes_batches_losslessly_on_both_architectures(kind, arch_target, tmp_path):
+    """B = 2 and 3 prompts of different lengths decoded together, rows stopping at different steps: every row is its
+    batch-1 greedy decoding, and a stopped row is in no later target forward."""
+    arch, target = arch_target
+    spec = DRAFTERS[kind].example(tmp_path, target)
+    proposer = build_proposer(spec, DrafterContext(target, tiny_tokenizer(arch), torch.device("cpu")), k=4)
+    decoder = SpeculativeDecoder(target, eos_ids=set())
+    for rows in (2, 3):
+        out = assert_batch_greedy_lossless(decoder, proposer, oracle_prompts(384, rows), k=4)
+        assert max(max(r.proposed, default=0) for r in out.rows) >= 1  # it drafted
 
 
 def test_the_qwen2_model_is_what_it_claims(arch_target):

@@ -10,11 +10,17 @@ import torch
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposer import Proposal
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.selfspec.drafting import NormHeadTop, SelfSpecProposer, TargetLayers
+from draftsmith.heads.selfspec.drafting import NormHeadTop, SelfSpecProposer
 from draftsmith.heads.selfspec.earlyexit import EarlyExitAdapter
 from draftsmith.heads.selfspec.folders import EarlyExitTop
+from draftsmith.heads.selfspec.targetlayers import TargetLayers
 from draftsmith.sampling import SamplingParams
-from draftsmith.testing import assert_greedy_lossless, tiny_llama
+from draftsmith.testing import (
+    assert_batch_greedy_lossless,
+    assert_greedy_lossless,
+    oracle_prompts,
+    tiny_llama,
+)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +78,16 @@ def test_greedy_output_equals_plain_decoding(target4, k):
     assert all(a == p for a, p in zip(res.accepted, res.proposed)) and max(res.accepted) == k
 
 
+def test_every_variant_decodes_batches_losslessly(target4):
+    """Chains with and without reuse, trees (one per row), confidence stops that end rows' drafts apart, and the
+    early-exit adapter's own context buffer: rows of different lengths on the target's ragged cache, B = 2 and 3."""
+    dec = SpeculativeDecoder(target4, eos_ids=set())
+    for name, prop in _proposers(target4).items():
+        for rows in (2, 3):
+            out = assert_batch_greedy_lossless(dec, prop, oracle_prompts(300, rows), k=4, max_new_tokens=20)
+            assert max(max(r.proposed, default=0) for r in out.rows) >= 1, name
+
+
 def test_layer_sets_and_trees_are_drafted_as_told(target4):
     p = SelfSpecProposer(target4, [0, 1, 3], NormHeadTop(target4))
     assert p.exact == 2 and p.shared == [0, 1] and p.rest == [2, 3]
@@ -107,7 +123,7 @@ def test_reuse_gives_bitwise_the_logits_of_a_full_recompute(target4):
         rows = tuple(prefill.hidden_states[i] for i in prop.hidden_state_layers)
         snap, snap2 = _copy(cache, target4), _copy(cache, target4)
         c = ids.shape[1] - 1
-        prop.attach(dec, cache)
+        prop.attach(dec, _ragged(cache, c))
         prop.begin(ids, rows)
         proposal = prop.propose(4, SamplingParams())
         block = torch.cat([ids[:, -1:], proposal.tokens], 1)
@@ -129,7 +145,7 @@ def test_reuse_gives_bitwise_the_logits_of_a_full_recompute(target4):
         full = target4(torch.cat([ids, proposal.tokens], 1)).logits[:, c:]
         torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
         # the oracle can fail: one reused layer-P state nudged by ~1e-6 relative changes the bits
-        prop.attach(dec, snap2)
+        prop.attach(dec, _ragged(snap2, c))
         prop.begin(ids, rows)
         prop.propose(4, SamplingParams())
         j, states = prop.pending
@@ -138,6 +154,15 @@ def test_reuse_gives_bitwise_the_logits_of_a_full_recompute(target4):
         prop.pending = (j, states)
         bad, _ = prop.verify_forward(block, proposal)
         assert not torch.equal(bad, want)
+
+
+def _ragged(cache, length: int):
+    """The decoder's view of a one-row cache holding `length` tokens (what `attach` receives)."""
+    from draftsmith.decode.ragged import RaggedCache
+
+    rc = RaggedCache(cache, [0])
+    rc.prefilled(length)
+    return rc
 
 
 def _copy(cache, target):
@@ -178,6 +203,11 @@ def test_sampled_self_speculative_decoding_matches_target_distribution():
     for name, prop in props.items():
         tvd = sampled_joint_tvd(dec, prop, torch.tensor([[1, 3, 0, 2]]))
         assert tvd < 0.065, (name, tvd)
+        # the same law for a row decoded beside a longer one (left padding, ragged acceptance)
+        tvd = sampled_joint_tvd(
+            dec, prop, torch.tensor([[1, 3, 0, 2]]), batch_with=(torch.tensor([[2, 0, 1, 3, 3, 1]]),)
+        )
+        assert tvd < 0.065, (name, "B=2", tvd)
 
 
 def test_sampling_chain_carries_draft_probabilities(target4):

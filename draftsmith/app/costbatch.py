@@ -9,8 +9,8 @@ this machine). At each batch size B one run measures, with random weights of the
 1. the target forward over B rows of n new tokens after a `context`-token KV cache, n = 1 .. the widest verify a
    profile needs (decode.speed.measure_forward_costs, the decoder's own forward);
 2. a plain batched decoding step (SpeculativeDecoder.generate_batch, host work included);
-3. each profile's drafter kind at its real size (costbench's builders), drafting for B rows at once
-   (costbench.time_proposer);
+3. each profile's drafter kind at its real size (costbench's builders), drafting for B rows
+   (costbench.time_proposer): in one call where the kind batches natively, one call per row otherwise;
 then per profile the speedup at every B (costbench.predict: tau t_step / (t_draft + t_verify(1 + N)), with the
 decoder's host work per step added to each verify) and where it falls to 1 (decode.batching.break_even). A profile's
 tau was measured at batch 1 on another target; batching does not change a row's acceptance (rows are decoded
@@ -35,6 +35,7 @@ from draftsmith.app.shapes import DRAFT_FOR, n_params, random_causal_lm
 from draftsmith.cpulayout import tune_linears
 from draftsmith.decode.batching import break_even
 from draftsmith.decode.decoder import SpeculativeDecoder
+from draftsmith.decode.rowwise import RowwiseProposer, batched
 from draftsmith.decode.speed import measure_forward_costs
 from draftsmith.errors import DraftsmithError
 from draftsmith.evalsettings import parse_batch_sizes
@@ -54,8 +55,9 @@ class CurveArgs:
     reps: int = 5
     k: int = 4
     """Draft depth of the drafters timed without a profile (`drafters`)."""
-    drafters: tuple[str, ...] = ("draft", "ngram")
-    """Kinds timed at every batch size even when no profile names them."""
+    drafters: tuple[str, ...] = field(default_factory=lambda: tuple(costbench.cost_kinds()))
+    """Kinds timed at every batch size even when no profile names them (default: every kind with a cost-model
+    builder)."""
     eagle_draft_vocab: int = 32000
     plain_tokens: int = 8
     """Plain decoding steps timed per batch size (after one warm-up run)."""
@@ -82,7 +84,7 @@ def run(
         raise DraftsmithError(f"unknown target shape {a.shape!r}; use one of {', '.join(DRAFT_FOR)}")
     profiles = [costbench.load_profile(p) for p in a.profiles]  # bad input fails before any compute
     bench = costbench.BenchArgs(
-        shape=a.shape, device=a.device, dtype=a.dtype, eagle_draft_vocab=a.eagle_draft_vocab
+        shape=a.shape, device=a.device, dtype=a.dtype, k=a.k, eagle_draft_vocab=a.eagle_draft_vocab
     )
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -96,8 +98,9 @@ def run(
     needs = {(kind, a.k, ()) for kind in a.drafters} | {
         (p["kind"], p["k"], tuple(sorted(p["opts"].items()))) for p in profiles
     }
+    needs = {n for n in needs if costbench._cost_kind(n[0]) is not None}  # kinds with a real-size builder
     built = {
-        (kind, opts): tune_proposer(costbench.BUILDERS[kind][0](target, bench, dict(opts)))
+        (kind, opts): tune_proposer(costbench._build(kind, target, bench, dict(opts)))
         for kind, _, opts in needs
     }
     out = {
@@ -127,10 +130,10 @@ def _measure_batch(decoder, target, built, needs, a: CurveArgs, B: int, progress
     needs (and a few more, which the cost curve interpolates between), and a plain batched step."""
     entry: dict = {"drafters": {}}
     for kind, k, opts in sorted(needs):
-        proposer = built[(kind, opts)]
-        rows = B if hasattr(proposer, "retain") else 1  # a kind that cannot batch: its batch-1 cost, marked
-        res = costbench.time_proposer(proposer, target, a.context, k, steps=a.reps, batch=rows)
-        entry["drafters"][costbench._key(kind, opts, k)] = {**res, "batched": rows == B}
+        proposer = batched(built[(kind, opts)])  # single-row kinds draft each row with its own copy
+        res = costbench.time_proposer(proposer, target, a.context, k, steps=a.reps, batch=B)
+        native = not isinstance(proposer, RowwiseProposer)  # one drafting call for all rows, or one per row
+        entry["drafters"][costbench._key(kind, opts, k)] = {**res, "batched": native}
     widest = 1 + math.ceil(max([a.k] + [d["nodes"] for d in entry["drafters"].values()]))
     sizes = sorted({*range(1, a.k + 2), *(n for n in (8, 16, 32, 64) if n < widest), widest})
     fw = measure_forward_costs(target, sizes, a.context, a.reps, decoder=decoder, batch=B)
@@ -202,7 +205,7 @@ def markdown(res: dict) -> str:
         ]
         lines += [
             "",
-            "* the drafter kind cannot decode a batch: its batch-1 drafting cost is used (an upper bound).",
+            "* the drafter kind drafts one row at a time (decode.rowwise: one drafter call per row, measured).",
         ]
     if res.get("skipped"):
         lines += ["", f"Skipped (time budget): batch sizes {', '.join(map(str, res['skipped']))}."]

@@ -39,6 +39,7 @@ from draftsmith.app.shapes import DRAFT_FOR, SHAPES, n_params, random_causal_lm
 from draftsmith.cpulayout import tune_linears
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposer import Proposer
+from draftsmith.decode.rowwise import batched
 from draftsmith.decode.speed import StepCosts, measure_forward_costs
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import write_json, write_text
@@ -131,6 +132,7 @@ def time_proposer(
         states = [torch.randn(batch, n, cfg.hidden_size, device=dev, dtype=target.dtype) for _ in layers]
         return tuple(states) or None
 
+    proposer = batched(proposer)  # the batch protocol (a single-row kind: one copy per row)
     layers = proposer.hidden_state_layers
     proposer.begin(tokens, hid(context))
     params, draft_gen = SamplingParams(), torch.Generator(device=dev).manual_seed(1)

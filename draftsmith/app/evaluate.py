@@ -17,6 +17,7 @@ from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
 from draftsmith.decode.evaluate import NamedDrafter, hardware, measure
 from draftsmith.decode.report import RESULT_FILES, write_outputs
+from draftsmith.decode.rowwise import batched
 from draftsmith.errors import DraftsmithError
 from draftsmith.evalsettings import EvalSettings, conditions
 from draftsmith.fileio import check_output_dir
@@ -66,7 +67,7 @@ def evaluate(
         target=target_model, tokenizer=tokenizer, device=dev, dtype=dtype, target_spec=target
     )
     proposer = build_proposer(drafter, ctx)
-    if max(settings.batch_sizes, default=1) > 1 and not hasattr(proposer, "retain"):
+    if max(settings.batch_sizes, default=1) > 1 and not hasattr(batched(proposer), "retain"):
         raise DraftsmithError(f"drafter {kind!r} cannot decode a batch yet; drop --batch-size")
     decoder = SpeculativeDecoder(target_model, tokenizer, compile=settings.compile)
     encoded = encode_prompts(decoder, tokenizer, prompts, settings)

@@ -1,7 +1,8 @@
 """The Medusa proposer for the speculative decoder (draftsmith.decode.proposer protocol): the drafter kind `medusa:`.
 
 It proposes a static sparse TREE of deterministically chosen tokens (top-k of each head), so `draft_probs` is None:
-each node is a point mass and the decoder's verification stays exact under sampling too. The tree comes from the
+each node is a point mass and the decoder's verification stays exact under sampling too. Every row of a batch
+drafts from its own last state in the same head forward (one tree shape for all rows). The tree comes from the
 head folder's measured rank accuracies (head_accuracy.json, written by the training eval; the top-1 chain without
 it).
 """
@@ -47,8 +48,12 @@ class MedusaProposer:
             else f"medusa static {len(keep)} nodes depth={self.used_depth}"
         )
 
-    def begin(self, tokens: torch.Tensor, hidden) -> None:
+    def begin(self, tokens: torch.Tensor, hidden, pad: list[int] | None = None) -> None:
+        """Batches: rows are left-padded, so every row's last column is its own last state."""
         self.last = hidden[0][:, -1]  # [B, H]: the state that predicted the last committed token
+
+    def retain(self, rows: list[int]) -> None:
+        self.last = self.last[rows]
 
     def propose(self, k: int, params: SamplingParams, generator=None) -> Proposal:
         keep = [i for i, d in enumerate(self.depths) if d <= k]
@@ -61,8 +66,13 @@ class MedusaProposer:
         remap = {old: new for new, old in enumerate(keep)}  # depth-capped subtree (parents precede children)
         return Proposal(toks, [remap[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep])
 
-    def advance(self, accepted_nodes, new_tokens, hidden) -> None:
-        self.last = hidden[0][:, -1]
+    def advance(self, accepted_nodes: list[list[int]], new_tokens, hidden) -> None:
+        """Row b's committed tokens fill its first a_b + 1 columns (decode.proposer: batches)."""
+        h = hidden[0]
+        if h.shape[0] == 1:
+            self.last = h[:, len(accepted_nodes[0])]
+        else:
+            self.last = h[torch.arange(h.shape[0]), torch.tensor([len(a) for a in accepted_nodes])]
 
 
 def build_medusa(path: str, o: dict, ctx) -> MedusaProposer:

@@ -39,81 +39,8 @@ import torch.nn.functional as F
 from draftsmith.decode.proposer import Proposal
 from draftsmith.decode.trees import dynamic_tree
 from draftsmith.errors import DraftsmithError
+from draftsmith.heads.selfspec.targetlayers import TargetLayers, crop_layers
 from draftsmith.sampling import SamplingParams, sample, warp_probs
-
-
-class TargetLayers:
-    """The target's decoder (HF Llama-family layer API: embed_tokens, layers, norm, rotary_emb) run layer by
-    layer over its own DynamicCache. Holds references only."""
-
-    def __init__(self, target):
-        dec = target.get_decoder()
-        for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
-            if not hasattr(dec, name):
-                raise DraftsmithError(
-                    f"self-speculative drafting needs a Llama-style decoder ({name} missing on "
-                    f"{type(dec).__name__}); use a draft:, eagle: or ngram: drafter for this target"
-                )
-        cfg = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
-        if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
-            if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ["full_attention"])):
-                raise DraftsmithError("self-speculative drafting supports full-attention layers only")
-        self.dec = dec
-        self.layers = dec.layers
-        self.num_layers = len(dec.layers)
-        self.dtype = dec.embed_tokens.weight.dtype
-        self.device = dec.embed_tokens.weight.device
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [B, n] -> embeddings [B, n, H]."""
-        return self.dec.embed_tokens(ids)
-
-    def run(
-        self,
-        h: torch.Tensor,
-        layer_ids: Sequence[int],
-        cache,
-        positions: torch.Tensor,
-        block_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Run layers `layer_ids` (ascending) on h [B, n, H] at positions [n], appending K/V to `cache`.
-
-        block_mask [n, m + n] bool: what the n new rows see among the last m rows already in each layer and
-        themselves (True = attend); everything before those is the committed context, visible to all.
-        None: one row sees everything; several rows are causal among themselves (m = 0)."""
-        n = h.shape[1]
-        if block_mask is None and n > 1:
-            block_mask = torch.ones(n, n, dtype=torch.bool, device=h.device).tril()
-        pos = positions.view(1, n)
-        rope = self.dec.rotary_emb(h, pos)
-        masks: dict[int, torch.Tensor | None] = {}
-        for i in layer_ids:
-            past = cache.layers[i].get_seq_length()
-            if past not in masks:
-                masks[past] = None if block_mask is None else _additive(block_mask, past, h.dtype)
-            h = self.layers[i](
-                h, attention_mask=masks[past], position_ids=pos, cache=cache, use_cache=True,
-                position_embeddings=rope,
-            )  # fmt: skip
-        return h
-
-
-def _additive(block_mask: torch.Tensor, past: int, dtype) -> torch.Tensor:
-    """bool [n, m + n] over the last m + n keys of a layer holding `past` rows before this call -> additive
-    [1, 1, n, past + n] mask (0 = attend, finfo.min = masked); HF attention passes a 4D mask through as-is."""
-    n, w = block_mask.shape
-    full = torch.ones(n, past + n, dtype=torch.bool, device=block_mask.device)
-    full[:, past + n - w :] = block_mask
-    out = torch.zeros(n, past + n, dtype=dtype, device=block_mask.device)
-    return out.masked_fill_(~full, torch.finfo(dtype).min)[None, None]
-
-
-def crop_layers(cache, layer_ids: Sequence[int], length: int) -> None:
-    """Drop rows past `length` from the given layers of a DynamicCache (the others are left alone)."""
-    for i in layer_ids:
-        extra = cache.layers[i].get_seq_length() - length
-        if extra > 0:
-            cache.layers[i].crop(-extra)
 
 
 class DraftTop(Protocol):
@@ -124,9 +51,17 @@ class DraftTop(Protocol):
     ]  # target states the top needs for committed tokens (decoder protocol)
     vocab_ids: torch.Tensor | None  # [V_d] target ids of the logits' columns (None = the full vocabulary)
 
-    def begin(self, tokens: torch.Tensor, hidden: tuple[torch.Tensor, ...] | None) -> None: ...
+    def begin(self, tokens: torch.Tensor, hidden: tuple[torch.Tensor, ...] | None, pad: list[int]) -> None:
+        """tokens [B, L] left-padded by pad[b] (decode.proposer: batches), hidden per layer [B, L - 1, H]."""
+        ...
 
-    def advance(self, new_tokens: torch.Tensor, hidden: tuple[torch.Tensor, ...] | None) -> None: ...
+    def advance(self, new_tokens: torch.Tensor, hidden: tuple[torch.Tensor, ...] | None, counts: list[int]):
+        """Row b committed its first counts[b] columns of new_tokens [B, A] (hidden [B, A, H])."""
+        ...
+
+    def retain(self, rows: list[int]) -> None:
+        """Keep only these batch rows (ascending)."""
+        ...
 
     def logits(self, h: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor | None, m: int):
         """h [B, n, H] drafted rows after the draft layers -> logits [B, n, V_d]; rows see the context, the m
@@ -150,10 +85,13 @@ class NormHeadTop:
         # a contiguous copy of the kept rows: gathering them every draft step would cost more than the matmul
         self.weight = w if self.vocab_ids is None else w[self.vocab_ids].detach().clone()
 
-    def begin(self, tokens, hidden) -> None:
+    def begin(self, tokens, hidden, pad) -> None:
         pass
 
-    def advance(self, new_tokens, hidden) -> None:
+    def advance(self, new_tokens, hidden, counts) -> None:
+        pass
+
+    def retain(self, rows) -> None:
         pass
 
     def logits(self, h, positions, block_mask, m):
@@ -213,7 +151,7 @@ class SelfSpecProposer:
                 )
         self.vocab_ids = top.vocab_ids
         self.target_vocab_size = int(target.get_output_embeddings().weight.shape[0])
-        self.decoder = self.cache = None
+        self.decoder = self.cache = self.ragged = None
 
     def _total(self, depth: int) -> int:
         return self.total_tokens or (depth if self.top_k == 1 else self.top_k * depth)
@@ -236,33 +174,49 @@ class SelfSpecProposer:
             raise DraftsmithError(
                 f"{self.name} drafts on a DynamicCache; run it without --compile / static_cache"
             )
-        self.decoder, self.cache = decoder, cache
-        self.cached = cache.layers[0].get_seq_length()
+        self.decoder, self.cache, self.ragged = decoder, cache, ragged
 
-    def begin(self, tokens: torch.Tensor, hidden) -> None:
+    def begin(self, tokens: torch.Tensor, hidden, pad: list[int] | None = None) -> None:
         if self.cache is None:
             raise DraftsmithError(
                 f"{self.name} drafts on the target's cache; use draftsmith's SpeculativeDecoder"
             )
-        self.root = tokens[:, -1:].to(self.t.device)
+        self.root = tokens[:, -1:].to(self.t.device)  # [B, 1] (prompts are left-padded: the last column)
         self.pending = None  # what verify_forward may reuse: (rows processed, layer-P states [B, j, H])
-        self.top.begin(tokens, hidden)
+        self.top.begin(tokens, hidden, pad or [0] * tokens.shape[0])
 
     def advance(self, accepted_nodes: list[list[int]], new_tokens: torch.Tensor, hidden) -> None:
-        self.cached += len(accepted_nodes[0]) + 1  # the decoder cropped/compacted its cache to this length
-        self.root = new_tokens[:, -1:].to(self.t.device)
+        """The decoder rolled its cache (self.ragged) back to each row's accepted path; row b's new root is its
+        last committed token, column a_b of new_tokens."""
+        counts = [len(a) + 1 for a in accepted_nodes]
+        last = torch.tensor(counts, device=new_tokens.device)[:, None] - 1
+        self.root = new_tokens.gather(1, last).to(self.t.device)
         self.pending = None
-        self.top.advance(new_tokens, hidden)
+        self.top.advance(new_tokens, hidden, counts)
+
+    def retain(self, rows: list[int]) -> None:
+        """Rows that stopped leave (the decoder has already dropped them from its cache)."""
+        self.root = self.root[rows]
+        self.top.retain(rows)
+
+    def _positions(self, offsets: torch.Tensor) -> torch.Tensor:
+        """Positions of new rows at `offsets` ([n] or [B, n]) past each row's root: [n] while every row is alike
+        (a batch of one), else [B, n] (each row's root sits at its own committed length)."""
+        r = self.ragged
+        if r.uniform:
+            return r.cols + offsets
+        base = torch.tensor([n - p for n, p in zip(r.lengths, r.pads)], device=offsets.device)[:, None]
+        return base + offsets
 
     # -- drafting ---------------------------------------------------------------------------------------------
     def _step(self, ids: torch.Tensor, positions: torch.Tensor, block_mask, m: int):
         """Draft layers + top on new rows ids [B, n] -> (logits [B, n, V_d], layer-P states [B, n, H])."""
         h = self.t.embed(ids)
-        h = self.t.run(h, self.shared, self.cache, positions, block_mask)
+        h = self.t.run(h, self.shared, self.cache, positions, block_mask, self.ragged)
         h_p = h
         deeper = self.draft_layers[self.exact :]
         if deeper:
-            h = self.t.run(h, deeper, self.cache, positions, block_mask)
+            h = self.t.run(h, deeper, self.cache, positions, block_mask, self.ragged)
         return self.top.logits(h, positions, block_mask, m), h_p
 
     def _to_target(self, idx: torch.Tensor) -> torch.Tensor:
@@ -279,14 +233,20 @@ class SelfSpecProposer:
         return prop
 
     def _chain(self, depth: int, params: SamplingParams, generator) -> Proposal:
-        c, dev = self.cached, self.t.device
+        """All rows draft in step; a row whose next token is unsure (stop_below) proposes fewer tokens, and the
+        chain ends once every row has stopped."""
+        c, dev, B = self.ragged.cols, self.t.device, self.root.shape[0]
         ids, tokens, probs, states = self.root, [], [], []
+        sizes = [depth] * B  # draft tokens per row
         for i in range(depth):
-            logits, h_p = self._step(ids, torch.tensor([c + i], device=dev), None, i)
+            logits, h_p = self._step(ids, self._positions(torch.tensor([i], device=dev)), None, i)
             states.append(h_p)
             logits = logits[:, -1]
-            if self.stop_below > 0.0 and float(torch.softmax(logits.float(), -1).amax()) < self.stop_below:
-                break
+            if self.stop_below > 0.0:
+                unsure = (torch.softmax(logits.float(), -1).amax(-1) < self.stop_below).tolist()
+                sizes = [i if u and s == depth else s for u, s in zip(unsure, sizes)]
+                if all(s < depth for s in sizes):
+                    break
             if params.greedy:
                 idx = logits.argmax(-1)
             else:
@@ -305,40 +265,50 @@ class SelfSpecProposer:
             self.pending = (len(states), torch.cat(states, 1))
         else:
             crop_layers(self.cache, self.shared, c)
-        if not tokens:
-            return Proposal.empty(1, dev)
-        return Proposal.chain(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None)
+        width = max(sizes)
+        if width == 0:
+            return Proposal.empty(B, dev)
+        draft_probs = torch.stack(probs[:width], 1) if probs else None
+        return Proposal.chain(
+            torch.stack(tokens[:width], 1), draft_probs, None if min(sizes) == width else sizes
+        )
 
     def _tree(self, depth: int) -> Proposal:
-        """EAGLE-2 dynamic tree (decode/trees.dynamic_tree) over the root row drafted first."""
-        c, dev = self.cached, self.t.device
-        logits, _ = self._step(self.root, torch.tensor([c], device=dev), None, 0)
+        """EAGLE-2 dynamic tree (decode/trees.dynamic_tree) over the root row drafted first; one tree per row of a
+        batch, every row's frontier in the same forward."""
+        c, dev, B = self.ragged.cols, self.t.device, self.root.shape[0]
+        logits, _ = self._step(self.root, self._positions(torch.tensor([0], device=dev)), None, 0)
 
-        def expand(tok, attend, d, parent_local):
-            f = tok.shape[0]
-            ids = self._to_target(tok)[None]
-            logits, _ = self._step(ids, torch.full((f,), c + d, device=dev), attend, attend.shape[1] - f)
-            return torch.log_softmax(logits[0].float(), -1)
+        def expand(tok, attend, d, parent_local):  # tok [B, F], attend [B, F, m0 + F] (or without B alone)
+            f = tok.shape[-1]
+            ids = self._to_target(tok).reshape(-1, f)
+            block = attend if B > 1 else attend[None]
+            logits, _ = self._step(
+                ids, self._positions(torch.full((f,), d, device=dev)), block, block.shape[2] - f
+            )
+            out = torch.log_softmax(logits.float(), -1)
+            return out if B > 1 else out[0]
 
-        root_logp = torch.log_softmax(logits[0, -1].float(), -1)
+        root_logp = torch.log_softmax(logits[:, -1].float(), -1)
         toks, parents = dynamic_tree(
-            root_logp, expand, top_k=self.top_k, depth=depth, total=self._total(depth), drafted=1
-        )
+            root_logp if B > 1 else root_logp[0], expand, top_k=self.top_k, depth=depth,
+            total=self._total(depth), drafted=1,
+        )  # fmt: skip
         crop_layers(self.cache, self.draft_layers, c)  # trees: the decoder's tree-masked forward verifies
-        return Proposal(self._to_target(toks)[None], parents)
+        return Proposal(self._to_target(toks).reshape(B, -1), parents)
 
     # -- verification with shared work ------------------------------------------------------------------------
     @torch.inference_mode()
     def verify_forward(self, block: torch.Tensor, proposal: Proposal):
-        """The decoder's verify forward over block [1, 1 + n] (root + chain), reusing the draft's rows of layers
-        0..P-1. Returns (logits [1, 1 + n, V], hidden per hidden_state_layers [1, 1 + n, H]) or None (no
+        """The decoder's verify forward over block [B, 1 + n] (root + chain), reusing the draft's rows of layers
+        0..P-1. Returns (logits [B, 1 + n, V], hidden per hidden_state_layers [B, 1 + n, H]) or None (no
         reusable rows: the decoder runs its own forward)."""
         pending, self.pending = self.pending, None
         if pending is None or not proposal.is_chain:
             return None
         j, h_done = pending  # rows [root, d1 .. d_{j-1}] went through layers 0..P-1 while drafting
         n = block.shape[1]
-        c, dev = self.cached, self.t.device
+        dev = self.t.device
         parts = [h_done[:, :n]]
         if j < n:  # block tokens the draft never ran (usually the last drafted one)
             # the new rows see the j drafted rows and are causal among themselves; one row (the usual case) sees
@@ -348,12 +318,14 @@ class SelfSpecProposer:
                 self.t.embed(block[:, j:]),
                 self.shared,
                 self.cache,
-                torch.arange(c + j, c + n, device=dev),
+                self._positions(torch.arange(j, n, device=dev)),
                 mask,
+                self.ragged,
             )
             parts.append(h_new)
         h_p = torch.cat(parts, 1)
-        h = self.t.run(h_p, self.rest, self.cache, torch.arange(c, c + n, device=dev))
+        positions = self._positions(torch.arange(n, device=dev))
+        h = self.t.run(h_p, self.rest, self.cache, positions, None, self.ragged)
         h = self.t.dec.norm(h)
         head_t = getattr(self.decoder, "_head_t", None)
         logits = h @ head_t if head_t is not None else self.decoder.target.get_output_embeddings()(h)

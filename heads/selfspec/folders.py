@@ -28,7 +28,12 @@ LAYERSKIP = "layerskip"
 
 class EarlyExitTop:
     """The adapter on top of the shared layers at decode time, with its own KV buffer of context rows (the
-    verify pass's layer-L states of committed tokens) and drafted rows (dropped after each draft)."""
+    verify pass's layer-L states of committed tokens) and drafted rows (dropped after each draft).
+
+    Batches: every row gets the same columns in the buffer; `valid` [B, ctx] marks which hold one of the row's
+    committed tokens (not left padding, not the padding after a row that accepted fewer tokens than another), and
+    every query sees only its row's valid columns. A context row's position is the count of valid columns before
+    it, which is its token's position in the target."""
 
     def __init__(self, adapter: EarlyExitAdapter, target):
         self.ad = adapter
@@ -41,34 +46,48 @@ class EarlyExitTop:
 
     def _rope(self, positions: torch.Tensor):
         c = self.ad.config
-        return rope_cos_sin(positions.view(1, -1), c.head_dim, c.rope_theta, self.dtype)
+        pos = positions if positions.dim() == 2 else positions.view(1, -1)
+        return rope_cos_sin(pos, c.head_dim, c.rope_theta, self.dtype)
 
-    def _context(self, h: torch.Tensor) -> None:
+    def _context(self, h: torch.Tensor, new_valid: torch.Tensor) -> None:
+        """h [B, n, H] context rows; new_valid [B, n] which of them hold committed tokens."""
         n, start = h.shape[1], self.kv.length
-        pos = torch.arange(start, start + n, device=self.device)
-        mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
-        mask[:, start:] = mask[:, start:].tril()
-        self.ad(h.to(self.dtype), *self._rope(pos), mask[None, None], self.kv)
+        pos = self.count[:, None] + new_valid.long().cumsum(1) - 1
+        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        mask = torch.cat([self.valid[:, None].expand(-1, n, -1), causal & new_valid[:, None]], 2)
+        mask[:, :, start:] |= torch.eye(n, dtype=torch.bool, device=self.device)  # no query sees nothing
+        self.ad(h.to(self.dtype), *self._rope(pos.clamp_min(0)), mask[:, None], self.kv)
         self.kv.length = self.ctx = start + n
+        self.valid = torch.cat([self.valid, new_valid], 1)
+        self.count = self.count + new_valid.sum(1)
 
-    def begin(self, tokens, hidden) -> None:
+    def begin(self, tokens, hidden, pad) -> None:
         c = self.ad.config
-        cap = max(256, 2 * tokens.shape[1])
-        self.kv = KVBuffer(1, c.num_key_value_heads, c.head_dim, self.dtype, self.device, cap)
+        B, cap = tokens.shape[0], max(256, 2 * tokens.shape[1])
+        self.kv = KVBuffer(B, c.num_key_value_heads, c.head_dim, self.dtype, self.device, cap)
         self.ctx = 0
-        self._context(hidden[0])
+        self.valid = torch.zeros(B, 0, dtype=torch.bool, device=self.device)
+        self.count = torch.zeros(B, dtype=torch.long, device=self.device)
+        cols = torch.arange(hidden[0].shape[1], device=self.device)
+        self._context(hidden[0], cols[None] >= torch.tensor(pad, device=self.device)[:, None])
 
-    def advance(self, new_tokens, hidden) -> None:
-        self._context(hidden[0])
+    def advance(self, new_tokens, hidden, counts) -> None:
+        cols = torch.arange(hidden[0].shape[1], device=self.device)
+        self._context(hidden[0], cols[None] < torch.tensor(counts, device=self.device)[:, None])
+
+    def retain(self, rows) -> None:
+        self.kv.k, self.kv.v = self.kv.k[rows], self.kv.v[rows]
+        self.valid, self.count = self.valid[rows], self.count[rows]
 
     def logits(self, h, positions, block_mask, m):
-        n = h.shape[1]
+        B, n = h.shape[:2]
         self.kv.length = self.ctx + m
         mask = None
-        if block_mask is not None:
-            mask = torch.ones(n, self.ctx + m + n, dtype=torch.bool, device=self.device)
-            mask[:, self.ctx :] = block_mask
-            mask = mask[None, None]
+        if block_mask is not None or not bool(self.valid.all()):
+            if block_mask is None:  # one row: it sees every drafted row
+                block_mask = torch.ones(n, m + n, dtype=torch.bool, device=self.device)
+            drafted = block_mask.expand(B, n, m + n) if block_mask.dim() == 2 else block_mask
+            mask = torch.cat([self.valid[:, None].expand(-1, n, -1), drafted], 2)[:, None]
         out = self.ad(h, *self._rope(positions), mask, self.kv)
         return self.ad.logits(out, self.weight)
 

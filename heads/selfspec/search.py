@@ -19,7 +19,8 @@ import time
 import torch
 
 from draftsmith.acceptance import tau_from_conditional
-from draftsmith.heads.selfspec.drafting import NormHeadTop, SelfSpecProposer, TargetLayers
+from draftsmith.heads.selfspec.drafting import NormHeadTop, SelfSpecProposer
+from draftsmith.heads.selfspec.targetlayers import TargetLayers
 
 
 def _agreement(target, states, rows, keep_from: int, keep: list[int], head_w, max_k: int) -> list[float]:
