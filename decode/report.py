@@ -165,12 +165,29 @@ def plot(result: dict, path: str | Path) -> None:
     plt.close(fig)
 
 
-def _plot_batch(ax, batch: dict) -> None:
+def plot_batch_curves(batches: dict[str, dict], path: str | Path, title: str) -> None:
+    """Speedup against batch size for several drafters measured in one run: {name: eval.json's `batch`}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for i, (name, batch) in enumerate(batches.items()):
+        _plot_batch(ax, batch, f"{name} ", f"C{i}")
+    ax.set_title(f"{title}: speedup by batch size")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_batch(ax, batch: dict, name: str = "", color: str = "C0") -> None:
     """Speedup against batch size: measured points, the predicted curve, 1x."""
     sizes = batch["batch_sizes"]
     rows = [batch["per_size"][str(B)] for B in sizes]
-    ax.plot(sizes, [r["speedup"] or 0.0 for r in rows], marker="o", label="measured")
-    ax.plot(sizes, [r["predicted"]["speedup"] or 0.0 for r in rows], ls="--", marker="x", label="predicted")
+    ax.plot(sizes, [r["speedup"] or 0.0 for r in rows], marker="o", color=color, label=f"{name}measured")
+    pred = [r["predicted"]["speedup"] or 0.0 for r in rows]
+    ax.plot(sizes, pred, ls="--", marker="x", color=color, label=f"{name}predicted")
     ax.axhline(1.0, color="gray", lw=1, ls="--")
     ax.set_xscale("log", base=2)
     ax.set(

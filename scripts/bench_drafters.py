@@ -13,6 +13,8 @@ order rotated per prompt, after a warm-up of each; the lossless check with near-
 time per step, speedup (tokens/s over plain's, same run), extra bytes (tensors the drafter holds that are not the
 target's own), lossless (greedy output == plain), tau per prompt group (HumanEval vs chat).
 Writes --out/bench.json and bench.png; --profiles-out DIR one costbench profile (an eval.json subset) per drafter.
+`--batch-size 1,2,4,8,16` also measures every drafter at every batch size (decode.batching, as `draftsmith eval
+--batch-size`): bench.json's `batch` per drafter, a table per drafter and bench-batch.png (scripts/bench_batch.sh).
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
 from draftsmith.decode.evaluate import NamedDrafter, measure
 from draftsmith.decode.flops import decode_flops
-from draftsmith.decode.report import plot_drafters
+from draftsmith.decode.report import batch_table, plot_batch_curves, plot_drafters
 from draftsmith.errors import DraftsmithError
-from draftsmith.evalsettings import EvalSettings
+from draftsmith.evalsettings import EvalSettings, parse_batch_sizes
 from draftsmith.fileio import atomic_write, check_output_dir, write_json
 from draftsmith.prompts import load_prompts
 
-BENCH_FILES = ("bench.json", "bench.png")
+BENCH_FILES = ("bench.json", "bench.png", "bench-batch.png")
 
 
 def extra_bytes(obj, target) -> int:
@@ -129,7 +131,11 @@ def bench(
     bench.json. `flops`: also count each drafter's FLOPs per drafted token as a share of a plain step
     (decode.flops, one short decode of the first prompt each), beside its measured time share."""
     settings = EvalSettings(
-        max_new_tokens=args.max_new_tokens, limit=args.limit, k=max(k for _, _, k in specs)
+        max_new_tokens=args.max_new_tokens,
+        limit=args.limit,
+        k=max(k for _, _, k in specs),
+        batch_sizes=getattr(args, "batch_sizes", ()),
+        sweep_k=getattr(args, "sweep_k", False),
     )
     prompts = load_prompts(args.prompts, limit=settings.limit)
     tok = tok or models.load_tokenizer(args.target)
@@ -169,6 +175,7 @@ def bench(
                 n_prompts=len(prompts),
             ),  # fmt: skip
             "prompts": r["prompts"],
+            "batch": r.get("batch"),  # --batch-size: decode.batching's curve
         }
     return {
         "target": args.target,
@@ -208,12 +215,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--flops", action="store_true", help="also report each drafter's FLOP share of a target step"
     )
+    ap.add_argument(
+        "--batch-size",
+        default=None,
+        metavar="B1,B2,..",
+        help="also decode the prompts in batches of these sizes (draftsmith eval --batch-size; bench-batch.png)",
+    )
+    ap.add_argument("--sweep-k", action="store_true", help="with --batch-size: every k from 1 to each K")
     args = ap.parse_args(argv)
     try:  # before anything loads: bad input fails now, not after the benchmark
         check_output_dir(args.out, BENCH_FILES, overwrite=True)
         if args.profiles_out:
             check_output_dir(args.profiles_out)
+        if args.sweep_k and args.batch_size is None:
+            raise DraftsmithError("--sweep-k measures draft lengths per batch size; pass --batch-size too")
+        args.batch_sizes = parse_batch_sizes(args.batch_size) if args.batch_size is not None else ()
         specs = parse_drafters(args.drafter)
+        if args.batch_sizes and max(args.batch_sizes) > args.limit:
+            raise DraftsmithError(
+                f"--batch-size {max(args.batch_sizes)} needs at least as many prompts; raise --limit "
+                f"({args.limit}) or lower the batch size"
+            )
         out = bench(args, specs, flops=args.flops)
     except DraftsmithError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -225,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write(folder / "bench.png", lambda p: plot_drafters(out["drafters"], p, title))
     if args.profiles_out:
         write_profiles(out, Path(args.profiles_out))
+    batches = {name: r["batch"] for name, r in out["drafters"].items() if r.get("batch")}
+    if batches:
+        atomic_write(folder / "bench-batch.png", lambda p: plot_batch_curves(batches, p, title))
+        for name, batch in batches.items():
+            print(f"\n{name} by batch size (k = {out['drafters'][name]['k']}):\n{batch_table(batch)}")
     print_table(out)
     return 0
 

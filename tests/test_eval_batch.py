@@ -55,6 +55,7 @@ def test_eval_batch_sizes_end_to_end(tiny_dirs, tmp_path, capsys):
         (["--batch-size", ""], "--batch-size must be"),
         (["--batch-size", "4"], "needs at least as many prompts"),
         (["--sweep-k"], "pass --batch-size"),
+        (["--batch-size", "2", "--compile"], "--compile decodes one prompt at a time"),
     ],
 )
 def test_eval_batch_bad_input_before_anything_loads(tmp_path, capsys, args, msg):
@@ -88,8 +89,51 @@ def test_costbatch_predicts_a_curve_per_profile(tiny_dirs, tmp_path):
     assert set(res["per_batch"]) == {"1", "2"}
     for entry in res["per_batch"].values():
         assert {"draft@k=2", "ngram@k=2", "ngram,max=2@k=2"} <= set(entry["drafters"])
-        assert all(d["batched"] for d in entry["drafters"].values()) and entry["plain_step_s"] > 0
+        assert entry["plain_step_s"] > 0 and {"eagle3@k=2", "medusa@k=2", "dflash@k=2"} <= set(
+            entry["drafters"]
+        )
+        native = {key: d["batched"] for key, d in entry["drafters"].items()}
+        assert native["draft@k=2"] and native["ngram@k=2"] and native["medusa@k=2"]  # one call for all rows
+        assert not native["eagle3@k=2"]  # one drafter copy per row (decode.rowwise)
     (p,) = res["profiles"]
     assert set(p["per_batch"]) == {"1", "2"} and all(c["speedup"] > 0 for c in p["per_batch"].values())
     assert "| 2 |" in out.with_suffix(".md").read_text()
     assert costbatch.main(argv) == 2  # never overwrites
+
+
+@pytest.mark.slow
+def test_bench_batch_script_runs_both_targets_on_tiny_settings(tmp_path):
+    """scripts/bench_batch.sh (the CPU measurement by batch size) with tiny stand-ins for both targets: one process per
+    target, every drafter measured at every batch size, lossless; bad input is one line, exit 2."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from draftsmith.heads.eagle.kind import example_eagle3
+    from draftsmith.testing import save_tiny, save_tiny_like, tiny_model
+
+    folders = {}
+    for arch in ("llama", "qwen2"):
+        target_dir = save_tiny(tmp_path / arch / "target", arch=arch)
+        target = tiny_model(arch)
+        draft = save_tiny_like(tmp_path / arch / "draft", target, num_hidden_layers=1)
+        eagle = example_eagle3(tmp_path / arch, target).split(":", 1)[1].split(",")[0]
+        folders[arch] = (str(target_dir), str(draft), eagle)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_batch.sh"
+    out = tmp_path / "out"
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "PROMPTS": _prompts(tmp_path), "LIMIT": "3",
+           "NEW": "5", "BATCH": "1,2", "K_DRAFT": "2", "K_NGRAM": "2", "SMOL_TARGET": folders["llama"][0],
+           "QWEN_TARGET": folders["qwen2"][0]}  # fmt: skip
+    args = ["bash", str(script), str(out), *folders["llama"][1:], *folders["qwen2"][1:]]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("smollm2-135m", "qwen2.5-coder-1.5b"):
+        res = json.loads((out / name / "bench.json").read_text())
+        assert set(res["drafters"]) == {"ngram", "draft", "eagle3"}
+        for r in res["drafters"].values():
+            assert r["batch"]["batch_sizes"] == [1, 2] and r["batch"]["lossless"] is True
+        assert (out / name / "bench-batch.png").stat().st_size > 1000
+    again = subprocess.run(args, env=env, capture_output=True, text=True)  # never overwrites
+    assert (
+        again.returncode == 2 and again.stderr.startswith("error: ") and len(again.stderr.splitlines()) == 1
+    )
