@@ -1,6 +1,6 @@
 """`draftsmith quickstart`: the whole loop on the embedded target, on a CPU, within a time budget.
 
-    draftsmith quickstart [--out runs/quickstart] [--budget-min 15] [--fast]
+    draftsmith quickstart [--out runs/quickstart] [--budget-min 15] [--fast] [--overwrite]
 
 0. the target loads, and the first seconds measure what each phase costs on this machine (a batched generation
    step, scoring with the target, a training step of the draft, batch-1 decode and verify forwards:
