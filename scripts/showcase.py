@@ -205,6 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--dry", action="store_true")
     args = ap.parse_args(argv)
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.fileio import check_output_dir
+
+    try:
+        check_output_dir(args.out, flag="OUT")  # before any recipe is read or run
+    except DraftsmithError as e:
+        raise SystemExit(f"error: {e}") from None
     runs = [r for r in recipe_runs(args.out) if r.name not in args.skip]
     configs = {r.name: r.validate() for r in runs}  # every recipe, strictly, before anything is written
     specs = drafter_specs(args.out, runs, configs, args.skip)
