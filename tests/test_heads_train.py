@@ -141,8 +141,20 @@ def test_offline_cache_equals_online_and_reports_bytes(tiny_dirs, generated, tmp
     valid = batch["attention_mask"].bool()
     for key in ("aux", "last"):
         torch.testing.assert_close(off[key][valid], on[key][valid], rtol=1e-5, atol=1e-5)
-    with pytest.raises(DraftsmithError, match="written for"):
-        HiddenStateCache(tmp_path / "c", CacheSpec("eagle3", [0, 1, 1], 64, "float32"), target)
+    with pytest.raises(DraftsmithError, match=r"written for hidden_states layers \[0, 1, 2\].*\[3\] missing"):
+        HiddenStateCache(tmp_path / "c", CacheSpec("eagle3", [0, 1, 3], 64, "float32"), target)
+    # a run reading a subset of the layers, in its own order, gets exactly its layers
+    for need in ([2, 0], [1], []):
+        sub = HiddenStates(
+            "offline",
+            target,
+            need,
+            HiddenStateCache(tmp_path / "c", CacheSpec("x", need, 64, "float32"), target),
+        )(batch)
+        ref = HiddenStates("online", target, need)(batch)
+        assert sorted(sub) == sorted(ref) == (["aux", "last"] if need else ["last"])
+        for key in sub:
+            torch.testing.assert_close(sub[key][valid], ref[key][valid], rtol=1e-5, atol=1e-5)
     # Medusa / EAGLE-1 reuse an EAGLE-3 cache (it holds the final state too)
     as_medusa = HiddenStateCache(tmp_path / "c", CacheSpec("medusa", [], 64, "float32"), target)
     assert as_medusa.spec.kind == "eagle3"
@@ -280,3 +292,41 @@ def test_every_trained_kind_has_a_complete_record():
             saved = HEAD_KINDS[t.saves_as or name]
             assert saved.load is not None and saved.check_folder is not None and saved.build is not None, name
     assert set(folder_kinds()) == {"medusa", "eagle", "eagle3", "dflash", "peagle", "earlyexit"}
+
+
+def test_one_cache_for_every_kind_built_once(tiny_dirs, generated, tmp_path):
+    """data.cache_layers: the first run (here the early exit) stores the union of every kind's layers, the EAGLE-3
+    run then reads its subset without writing; a cache lacking a run's layers is refused in one line."""
+    cache = tmp_path / "cache"
+    common = ["train.max_steps=1", "data.hidden_states=offline", f"data.hidden_cache={cache}"]
+    ee = _cfg(
+        tiny_dirs,
+        generated,
+        tmp_path / "ee",
+        "earlyexit",
+        "head.exit_layer=1",
+        "data.cache_layers=[0,1,2]",
+        *common,
+    )
+    run_heads(ee, make_accelerator(ee.train), progress=False)
+    meta = json.loads((cache / "meta.json").read_text())
+    assert meta["aux_layers"] == [0, 1, 2] and meta["kind"] == "earlyexit"
+    shards = {p.name: p.stat().st_mtime_ns for p in cache.glob("shard-*")}
+    e3 = _cfg(tiny_dirs, generated, tmp_path / "e3", "eagle3", "data.cache_layers=[0,1,2]", *common)
+    assert run_heads(e3, make_accelerator(e3.train), progress=False)["step"] == 1
+    assert {p.name: p.stat().st_mtime_ns for p in cache.glob("shard-*")} == shards  # read, not rebuilt
+    only = tmp_path / "only-exit"
+    ee2 = _cfg(tiny_dirs, generated, tmp_path / "ee2", "earlyexit", "head.exit_layer=1", "train.max_steps=1",
+               "data.hidden_states=offline", f"data.hidden_cache={only}")  # fmt: skip
+    run_heads(ee2, make_accelerator(ee2.train), progress=False)
+    e3b = _cfg(tiny_dirs, generated, tmp_path / "e3b", "eagle3", "train.max_steps=1", "data.hidden_states=offline",
+               f"data.hidden_cache={only}")  # fmt: skip
+    with pytest.raises(DraftsmithError, match=r"this run needs \[0, 1, 2\] \(\[0, 2\] missing\)"):
+        run_heads(e3b, make_accelerator(e3b.train), progress=False)
+    with pytest.raises(DraftsmithError, match="data.cache_layers"):
+        load_config(HeadsConfig, None, ["data.cache_layers=[-1]"])
+    far = _cfg(tiny_dirs, generated, tmp_path / "far", "eagle3", "data.cache_layers=[9]", *common[:2],
+               f"data.hidden_cache={tmp_path / 'far-cache'}")  # fmt: skip
+    with pytest.raises(DraftsmithError, match=r"data.cache_layers \[9\] are outside .* \[0, 2\]"):
+        run_heads(far, make_accelerator(far.train), progress=False)
+    assert not (tmp_path / "far").exists() and not (tmp_path / "far-cache").exists()  # refused before any write
