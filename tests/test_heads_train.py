@@ -329,4 +329,55 @@ def test_one_cache_for_every_kind_built_once(tiny_dirs, generated, tmp_path):
                f"data.hidden_cache={tmp_path / 'far-cache'}")  # fmt: skip
     with pytest.raises(DraftsmithError, match=r"data.cache_layers \[9\] are outside .* \[0, 2\]"):
         run_heads(far, make_accelerator(far.train), progress=False)
-    assert not (tmp_path / "far").exists() and not (tmp_path / "far-cache").exists()  # refused before any write
+    assert (
+        not (tmp_path / "far").exists() and not (tmp_path / "far-cache").exists()
+    )  # refused before any write
+
+
+QWEN_HEADS = sorted(p for p in RECIPES if p.name.startswith("heads-qwen2.5-coder-1.5b-"))
+
+
+def test_the_qwen_heads_recipes_share_one_cache_and_one_budget(tiny_dirs, generated, tmp_path):
+    """The five Qwen2.5-Coder-1.5B heads recipes: one data set, one cache holding every kind's layers (data.cache_layers),
+    equal training tokens; each runs a step on the tiny target with the paths and layers scaled down, the first fills
+    the cache and the others read it without writing a shard."""
+    assert {p.name.split("-")[-1].removesuffix(".yaml") for p in QWEN_HEADS} == {
+        "eagle3", "dflash", "peagle", "medusa", "earlyexit"}  # fmt: skip
+    cfgs = {p.name: load_config(HeadsConfig, p) for p in QWEN_HEADS}
+    assert (
+        len({(c.data.hidden_cache, tuple(c.data.cache_layers), c.data.cache_dtype) for c in cfgs.values()})
+        == 1
+    )
+    assert len({(str(c.data.source), c.data.max_length, c.data.eval_size, c.train.max_steps, c.train.batch_size,
+                 c.train.seed) for c in cfgs.values()}) == 1  # fmt: skip
+    from draftsmith.heads.eagle.model import default_aux_layers
+
+    layers = set(cfgs[QWEN_HEADS[0].name].data.cache_layers)
+    for c in cfgs.values():
+        need = (
+            set(c.head.aux_layers or default_aux_layers(28))
+            if c.head.kind in ("eagle3", "dflash", "peagle")
+            else set()
+        )
+        need |= {c.head.exit_layer} if c.head.kind == "earlyexit" else set()
+        assert need <= layers, c.head.kind
+        assert c.head.init == ("random" if c.head.kind == "medusa" else "target")
+    cache, shards = tmp_path / "hidden", None
+    for p in QWEN_HEADS:
+        cfg = load_config(HeadsConfig, p, [
+            f"model.target={tiny_dirs['target']}", f"data.source={generated}", f"data.hidden_cache={cache}",
+            "data.cache_layers=[0,1,2]", "head.draft_vocab_size=128", f"output_dir={tmp_path / p.stem}",
+            "train.max_steps=1", "train.batch_size=4", "data.eval_size=1", "train.eval_before_training=false",
+            "eval.depth=2", *(["head.aux_layers=[0,1,2]"] if cfg_kind(p) in ("eagle3", "dflash", "peagle") else []),
+            *(["head.exit_layer=1"] if cfg_kind(p) == "earlyexit" else []),
+            *(["loss.ttt_steps=2"] if cfg_kind(p) == "eagle3" else []),
+        ])  # fmt: skip
+        assert run_heads(cfg, make_accelerator(cfg.train), progress=False)["step"] == 1, p.name
+        now = {q.name: q.stat().st_mtime_ns for q in cache.glob("shard-*")}
+        assert now and (shards is None or now == shards), p.name  # hybrid: the first run fills, the rest read
+        shards = now
+        assert (tmp_path / p.stem / "final" / "model.safetensors").is_file()
+
+
+def cfg_kind(path: Path) -> str:
+    return load_config(HeadsConfig, path).head.kind
