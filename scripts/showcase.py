@@ -56,14 +56,23 @@ def recipe_runs(out: Path) -> list[RecipeRun]:
     return runs
 
 
-def drafter_specs(out: Path, runs: list[RecipeRun], configs: dict) -> list[tuple[str, str, int]]:
+def drafter_specs(
+    out: Path, runs: list[RecipeRun], configs: dict, skip: list[str] = ()
+) -> list[tuple[str, str, int]]:
     specs = list(BASELINES)
     for run in runs:
         kind = "distill" if run.trainer == "distill" else configs[run.name].head.kind
         template, k = SPECS[kind]
         specs.append((run.name, template.format(final=run.final), k))
-    specs.append(("layerskip", f"layerskip:{out / 'layerskip'}", 3))
+    if "layerskip" not in skip:
+        specs.append(("layerskip", f"layerskip:{out / 'layerskip'}", 3))
     return specs
+
+
+def _exists(spec: str) -> bool:
+    """A spec without a folder (ngram:, an embedded name) or whose folder is there."""
+    arg = spec.partition(":")[2].partition(",")[0]
+    return "/" not in arg or Path(arg).exists()
 
 
 def generate(out: Path) -> None:
@@ -190,17 +199,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument(
-        "--skip", action="append", default=[], help="a recipe name not to train or bench (repeatable)"
+        "--skip",
+        action="append",
+        default=[],
+        help="a recipe name (or layerskip) not to train or bench (repeatable)",
     )
     ap.add_argument("--dry", action="store_true")
     args = ap.parse_args(argv)
     runs = [r for r in recipe_runs(args.out) if r.name not in args.skip]
     configs = {r.name: r.validate() for r in runs}  # every recipe, strictly, before anything is written
-    specs = drafter_specs(args.out, runs, configs)
+    specs = drafter_specs(args.out, runs, configs, args.skip)
     from bench_drafters import parse_drafters
 
-    try:
-        parse_drafters([f"{n}={s}@{k}" for n, s, k in specs])
+    try:  # the specs of folders that training or the layer-skip search will write are checked before the bench
+        parse_drafters([f"{n}={s}@{k}" for n, s, k in specs if _exists(s)])
     except Exception as e:  # noqa: BLE001 - a DraftsmithError line
         raise SystemExit(f"error: {e}") from None
     results = args.out / "showcase.json"
@@ -218,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     generate(args.out)
     for i, r in enumerate(runs):
         r.run(label=f"[{i + 1}/{len(runs)}] ")
-    layerskip(args.out)
+    if "layerskip" not in args.skip:
+        layerskip(args.out)
+    parse_drafters(
+        [f"{n}={s}@{k}" for n, s, k in specs]
+    )  # every folder is there now: all checked before loading
     res = bench(args, specs)
     from draftsmith.fileio import atomic_write, write_json, write_text
 

@@ -36,3 +36,11 @@ def test_a_finished_showcase_is_not_measured_over(tmp_path):
     with pytest.raises(SystemExit, match="showcase.json exists"):
         showcase.main([str(out), "--skip", "draft-0.5b-lora", "--skip", "draft-0.5b-pruned"])
     assert sorted(p.name for p in out.iterdir()) == ["showcase.json"]
+
+
+def test_skip_leaves_out_a_recipe_and_the_layer_skip_search(tmp_path, capsys):
+    out = tmp_path / "sc"
+    assert showcase.main([str(out), "--dry", "--skip", "draft-0.5b-lora", "--skip", "layerskip"]) == 0
+    text = capsys.readouterr().out
+    assert "bench draft-0.5b-pruned:" in text and "bench ngram:" in text
+    assert "draft-0.5b-lora" not in text and "layerskip" not in text
