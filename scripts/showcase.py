@@ -143,14 +143,15 @@ def report(res: dict) -> str:
         f"{c['max_new_tokens']} new tokens, greedy. tau includes the bonus token. Plain decoding: "
         f"{d['plain_tokens_per_s']:.2f} tokens/s ({d['plain_ms_per_step']:.0f} ms a step); transformers' plain "
         f"generate: {hf['hf_plain']['tokens_per_s']:.2f} tokens/s.", "",
-        "| drafter | k | tau | alpha per position | draft time / step per token | its FLOP share | speedup | lossless |",
-        "|---|---|---|---|---|---|---|---|",
+        "| drafter | k | tau | alpha per position | draft time / step per token | its weight share | its FLOP share | speedup | lossless |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for name, r in d["drafters"].items():
         alpha = " ".join("-" if a is None else f"{a:.2f}" for a in r["alpha_per_position"])
         cost = "-" if r["draft_cost_per_token"] is None else f"{r['draft_cost_per_token']:.3f}"
         share = "-" if r["draft_flop_share"] is None else f"{r['draft_flop_share']:.3f}"
-        lines.append(f"| {name} | {r['k']} | {r['tau']:.2f} | {alpha} | {cost} | {share} | {r['speedup']:.2f}x | {r['lossless']} |")  # fmt: skip
+        weights = "-" if r.get("draft_weight_share") is None else f"{r['draft_weight_share']:.3f}"
+        lines.append(f"| {name} | {r['k']} | {r['tau']:.2f} | {alpha} | {cost} | {weights} | {share} | {r['speedup']:.2f}x | {r['lossless']} |")  # fmt: skip
     lines += [
         "",
         "| transformers | tokens/s | vs its plain generate | same output as plain generate |",

@@ -18,6 +18,12 @@ def test_dry_run_plans_every_recipe_and_drafter(tmp_path, capsys):
     recipes = sorted((ROOT / "recipes").glob("*qwen2.5-coder-1.5b-*.yaml"))
     assert len(recipes) >= 2 and all(f" {p.name} " in text for p in recipes)
     assert f"data.source={out / 'data' / 'gen'}" in text
+    heads = sorted((ROOT / "recipes").glob("heads-qwen2.5-coder-1.5b-*.yaml"))
+    assert (
+        len(heads) == 5 and text.count(f"data.hidden_cache={out / 'data' / 'hidden'}") == 5
+    )  # one shared cache
+    for p in heads:
+        assert f"bench {p.stem.removeprefix('heads-qwen2.5-coder-1.5b-')}:" in text
     for name in ("ngram", "draft-0.5b-as-is", "layerskip"):
         assert f"bench {name}:" in text
     assert not out.exists()
