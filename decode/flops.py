@@ -6,6 +6,12 @@ paying Python and kernel-launch overhead, not model work. `decode_flops` counts 
 torch.utils.flop_counter (every matmul and attention op, whatever module or functional call runs it) on one real
 decode: the plain target step (prefill excluded) and the drafter's own calls (begin / propose / advance; a
 self-speculative drafter's target layers included, since drafting runs them).
+
+Beside the FLOPs, the same decode records which model weights each side reads through its matrix products (the
+distinct parameters and buffers of the target and of the drafter's modules that are an operand of a matmul op): the
+drafter's weight share is the bytes it reads over the bytes a plain step reads -- its parameter share of the target
+for a head, the shared layers plus the adapter for a self-speculative drafter, the draft model for `draft:`.
+Embedding lookups read rows, not matrices, and are not counted on either side.
 """
 
 from __future__ import annotations
@@ -13,23 +19,84 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .decoder import SpeculativeDecoder
 from .proposer import Proposer
 
 _DRAFT_CALLS = ("begin", "propose", "advance")
+_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_int_mm"}
+
+
+def weight_storages(*objs, depth: int = 3) -> dict[int, int]:
+    """storage pointer -> bytes of the parameters and buffers of every nn.Module reachable from `objs` (through
+    attributes, lists and tuples, `depth` levels deep): the weights a matmul may read."""
+    out: dict[int, int] = {}
+    seen: set[int] = set()
+
+    def visit(x, d):
+        if d > depth or id(x) in seen:
+            return
+        seen.add(id(x))
+        if isinstance(x, nn.Module):
+            for t in [*x.parameters(), *x.buffers()]:
+                out[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v, d + 1)
+        elif hasattr(x, "__dict__") and not isinstance(x, (type, torch.Tensor)):
+            for v in vars(x).values():
+                visit(v, d + 1)
+
+    for obj in objs:
+        visit(obj, 0)
+    return out
+
+
+class WeightReads(TorchDispatchMode):
+    """Records which of `weights` (weight_storages) are an operand of a matmul op while active: `.read` = their
+    storage pointers."""
+
+    def __init__(self, weights: dict[int, int]):
+        super().__init__()
+        self.weights, self.read = weights, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in _MATMULS:
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in self.weights:
+                    self.read.add(a.untyped_storage().data_ptr())
+        return func(*args, **(kwargs or {}))
+
+    def bytes(self) -> int:
+        return sum(self.weights[p] for p in self.read)
+
+
+def _target_weights(decoder: SpeculativeDecoder) -> dict[int, int]:
+    """The target's weights, with the decoder's transposed CPU copy of its lm_head (what plain steps multiply by)."""
+    out = weight_storages(decoder.target)
+    head_t = getattr(decoder, "_head_t", None)
+    if head_t is not None:
+        out[head_t.untyped_storage().data_ptr()] = head_t.untyped_storage().nbytes()
+    return out
 
 
 @contextmanager
-def _counting(proposer: Proposer, totals: list[int]):
-    """Count the FLOPs of the proposer's own calls into totals[0] (instance attributes, restored on exit)."""
+def _counting(proposer: Proposer, totals: list[int], reads: WeightReads | None = None):
+    """Count the FLOPs of the proposer's own calls into totals[0] and, with `reads`, the weights they read
+    (instance attributes, restored on exit)."""
     originals = {name: getattr(proposer, name) for name in _DRAFT_CALLS}
 
     def counted(fn):
         def wrapper(*args, **kwargs):
             with FlopCounterMode(display=False) as fc:
-                out = fn(*args, **kwargs)
+                if reads is None:
+                    out = fn(*args, **kwargs)
+                else:
+                    with reads:
+                        out = fn(*args, **kwargs)
             totals[0] += fc.get_total_flops()
             return out
 
@@ -54,22 +121,27 @@ def decode_flops(
     max_new_tokens: int = 24,
 ) -> dict:
     """FLOPs of one plain target decode step (prefill excluded) and, with a proposer, of its drafting per drafted
-    token (tree nodes count as drafted tokens, as in the decoder's time accounting). ids: [1, T] a prompt."""
+    token (tree nodes count as drafted tokens, as in the decoder's time accounting), and the weight bytes each side
+    reads (module docstring): weight_share = the drafter's over a plain step's. ids: [1, T] a prompt."""
     with FlopCounterMode(display=False) as fc:
         prefill = decoder.generate(ids, None, max_new_tokens=1)
     prefill_flops = fc.get_total_flops()
-    with FlopCounterMode(display=False) as fc:
+    target_reads = WeightReads(_target_weights(decoder))
+    with FlopCounterMode(display=False) as fc, target_reads:
         plain = decoder.generate(ids, None, max_new_tokens=max_new_tokens)
     steps = plain.target_forwards - prefill.target_forwards
     step = (fc.get_total_flops() - prefill_flops) / max(steps, 1)
-    out = {"target_step_flops": step}
+    out = {"target_step_flops": step, "target_weight_bytes": target_reads.bytes()}
     if proposer is None:
         return out
     totals = [0]
-    with _counting(proposer, totals):
+    reads = WeightReads({**_target_weights(decoder), **weight_storages(proposer)})
+    with _counting(proposer, totals, reads):
         res = decoder.generate(ids, proposer, k=k, max_new_tokens=max_new_tokens)
     drafted = sum(res.verified) - len(res.verified)  # nodes drafted over all verify steps
     out["draft_flops_per_token"] = totals[0] / max(drafted, 1)
     out["flop_share"] = out["draft_flops_per_token"] / step if step else None
     out["drafted_tokens"] = drafted
+    out["draft_weight_bytes"] = reads.bytes()
+    out["weight_share"] = reads.bytes() / target_reads.bytes() if target_reads.bytes() else None
     return out

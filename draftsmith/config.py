@@ -1,7 +1,8 @@
 """Nested dataclass configs from YAML, with dotted command-line overrides.
 
 Run configs are strict: an unknown key is an error that lists the valid ones. Values are coerced to the
-field's annotated type, which also fixes PyYAML reading `1e-4` as a string (YAML 1.1 needs `1.0e-4`).
+field's annotated type, which also fixes PyYAML reading `1e-4` as a string (YAML 1.1 needs `1.0e-4`); a number
+that is not finite (nan, inf, .nan, .inf) is refused for every numeric field.
 
     cfg = load_config(DistillConfig, "recipes/x.yaml", ["optim.lr=3e-4", "train.max_steps=10"])
 """
@@ -9,6 +10,7 @@ field's annotated type, which also fixes PyYAML reading `1e-4` as a string (YAML
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -80,9 +82,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 num = int(float(value)) if isinstance(value, str) else int(value)
                 if isinstance(value, float) and not value.is_integer():
                     raise ValueError
-            return num
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise DraftsmithError(f"{where}: expected {tp.__name__}, got {value!r}") from None
+        if not math.isfinite(num):  # nan/inf: every numeric field (a NaN learning rate trains NaN weights)
+            raise DraftsmithError(f"{where}: expected a finite number, got {value!r}")
+        return num
     if tp is str:
         if isinstance(value, (dict, list)):
             raise DraftsmithError(f"{where}: expected a string, got {value!r}")

@@ -104,7 +104,14 @@ def examples_from_file(path: str | Path, tokenizer) -> list[Example]:
     """Examples from a jsonl/json file of records holding a prompt and its response: `messages` with an assistant
     turn, or `prompt`/`instruction`/`question` + `response`/`output`/`answer`/`completion`. The prompt gets the chat
     template (assistant turn opened); the response text is tokenised and closed with eos."""
-    from draftsmith.prompts import _read_records, builtin_file, prompt_ids, record_to_prompt
+    from draftsmith.prompts import (
+        PROMPT_FIELDS,
+        _read_records,
+        builtin_file,
+        prompt_ids,
+        record_to_prompt,
+        unusable_record,
+    )
 
     p = builtin_file(str(path)) or Path(path)
     if p.is_dir():
@@ -116,7 +123,7 @@ def examples_from_file(path: str | Path, tokenizer) -> list[Example]:
     out = []
     for i, rec in enumerate(_read_records(p)):
         if not isinstance(rec, dict):
-            continue
+            raise unusable_record(p, i, rec, "prompt and response fields")
         response = None
         conv = rec.get("messages", rec.get("conversations"))
         if isinstance(conv, list):
@@ -132,8 +139,15 @@ def examples_from_file(path: str | Path, tokenizer) -> list[Example]:
                 (str(rec[k]) for k in ("response", "output", "answer", "completion") if rec.get(k)), None
             )
         prompt = record_to_prompt(rec, i, p.stem)
-        if prompt is None or not response:
-            continue
+        if prompt is None:
+            raise unusable_record(p, i, rec, f"prompt text (one of the fields {PROMPT_FIELDS})")
+        if not response:
+            raise unusable_record(
+                p,
+                i,
+                rec,
+                "response (an assistant turn or one of the fields response, output, answer or completion)",
+            )
         ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         out.append(Example(prompt_ids(tokenizer, prompt), ids, prompt.id, prompt.category))
     if not out:

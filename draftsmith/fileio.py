@@ -57,29 +57,32 @@ def replace_dir(tmp: str | os.PathLike, out: str | os.PathLike) -> Path:
     return out
 
 
-def check_output_dir(path: str | os.PathLike, results: tuple[str, ...] = (), overwrite: bool = False) -> Path:
+def check_output_dir(
+    path: str | os.PathLike, results: tuple[str, ...] = (), overwrite: bool = False, flag: str = "--out"
+) -> Path:
     """Refuse, before any compute, an output folder that cannot be written or that already holds `results`
-    (unless `overwrite`). Creates nothing: a probe file in the nearest existing folder is written and removed."""
+    (unless `overwrite`: a file is never replaced by a folder). Creates nothing: a probe file in the nearest
+    existing folder is written and removed. `flag`: the option the messages tell the user to change."""
     out = Path(path).expanduser()
     if out.exists() and not out.is_dir():
-        raise DraftsmithError(f"output folder {out} is a file; choose another --out")
+        raise DraftsmithError(f"output folder {out} is a file; choose another {flag}")
     held = [name for name in results if (out / name).exists()]
     if held and not overwrite:
         raise DraftsmithError(
             f"{out} already holds {held[0]} from an earlier run; pass --overwrite to replace it "
-            "or choose another --out"
+            f"or choose another {flag}"
         )
     base = out
     while not base.exists():
         base = base.parent
     if not base.is_dir():
-        raise DraftsmithError(f"cannot create output folder {out}: {base} is a file; choose another --out")
+        raise DraftsmithError(f"cannot create output folder {out}: {base} is a file; choose another {flag}")
     try:
         fd, probe = tempfile.mkstemp(prefix=".probe-", dir=base)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
         raise DraftsmithError(
-            f"cannot write output folder {out} ({e.strerror}); choose a writable --out"
+            f"cannot write output folder {out} ({e.strerror}); choose a writable {flag}"
         ) from None
     return out

@@ -25,6 +25,7 @@ from huggingface_hub import HfApi
 
 from draftsmith.checkpoint import EXPORT_MANIFEST, read_checkpoint
 from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import check_output_dir
 from draftsmith.modelcard import build_card, describe_folder, find_eval, find_run_yaml, load_eval
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ def push_to_hub(
     check_repo_id(repo_id)
     if dry_run_dir is not None:
         dest = Path(dry_run_dir).expanduser()
+        check_output_dir(dest, flag="--dry-run DIR")
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
             raise DraftsmithError(f"dry-run folder {dest} already exists and is not empty; choose another")
     tmp = Path(tempfile.mkdtemp(prefix="draftsmith-push-"))

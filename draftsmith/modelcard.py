@@ -10,8 +10,10 @@ is wall-clock against plain decoding of the same target measured in the same run
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -70,19 +72,32 @@ def load_eval(path: str | os.PathLike) -> dict:
     alphas = data["alpha_per_position"]
     if (
         not isinstance(alphas, list)
-        or not all(a is None or isinstance(a, (int, float)) for a in alphas)
+        or not all(a is None or _finite(a) for a in alphas)
         or not isinstance(data["tokens_per_s"], dict)
     ):
         raise DraftsmithError(
             f"{path}: alpha_per_position must be a list of numbers (null where a depth was never reached) "
             "and tokens_per_s an object; re-run draftsmith eval"
         )
-    for key in ("tau", "speedup"):
-        if data[key] is not None and not isinstance(data[key], (int, float)):
+    # the card's results are these two numbers: null or NaN is no result (publish with --no-results instead)
+    categories = data.get("per_category") or {}
+    checks = [(key, data[key], False) for key in ("tau", "speedup")] + [
+        (f"per_category.{c}.{key}", v.get(key), True)
+        for c, v in (categories.items() if isinstance(categories, dict) else [])
+        if isinstance(v, dict)
+        for key in ("tau", "speedup")
+    ]
+    for key, value, may_be_null in checks:
+        if not (_finite(value) or (may_be_null and value is None)):
             raise DraftsmithError(
-                f"{path}: {key} must be a number, got {data[key]!r}; re-run draftsmith eval"
+                f"{path}: {key} must be a finite number, got {value!r}; re-run draftsmith eval "
+                "(or publish with --no-results)"
             )
     return data
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def find_eval(ckpt_dir: Path) -> Path | None:

@@ -129,6 +129,19 @@ def record_to_prompt(rec: Any, idx: int, default_category: str) -> Prompt | None
     return Prompt([{"role": "user", "content": text}], cat, rid)
 
 
+PROMPT_FIELDS = "prompt, question, instruction, messages, conversations, turns or text"
+
+
+def unusable_record(source: Any, i: int, rec: Any, missing: str) -> DraftsmithError:
+    """The error for record `i` (0-based) of `source` that lacks `missing`, naming what the record holds."""
+    holds = (
+        f"its fields: {', '.join(map(str, rec))}"
+        if isinstance(rec, dict)
+        else f"it is a {type(rec).__name__}"
+    )
+    return DraftsmithError(f"{source}: record {i + 1} has no {missing}; {holds}; fix or remove that record")
+
+
 def _category_for(rel: str) -> str:
     return "humaneval" if "humaneval" in rel else ("vicuna" if "vicuna" in rel else "default")
 
@@ -166,7 +179,9 @@ def load_prompts(source: str, limit: int | None = None, category: str | None = N
     prompts = []
     for i, (rec, cat) in enumerate(recs):
         pr = record_to_prompt(rec, i, cat)
-        if pr is not None and (category is None or pr.category == category):
+        if pr is None:  # never dropped without a word: the user's file is not what they think it is
+            raise unusable_record(source, i, rec, f"prompt text (one of the fields {PROMPT_FIELDS})")
+        if category is None or pr.category == category:
             prompts.append(pr)
     if not prompts:
         raise DraftsmithError(

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 import yaml
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.fileio import replace_dir, write_json, write_text
+from draftsmith.fileio import check_output_dir, replace_dir, write_json, write_text
 from draftsmith.statefile import load_state, rng_state, save_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,7 @@ def check_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, ov
         raise DraftsmithError(
             f"{out} is in use by a live run ({holder}); wait for it to finish or stop it, or use another output_dir"
         )
-    if out.exists() and not out.is_dir():
-        raise DraftsmithError(f"output_dir {out} is a file; choose a folder")
+    check_output_dir(out, flag="output_dir")  # a file, a folder under a file, a folder that cannot be written
     if not _has_run(out):
         if resume:
             raise DraftsmithError(f"--resume: {out} holds no run to resume; drop --resume to start one")

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.fileio import write_json, write_text
+from draftsmith.fileio import check_output_dir, write_json, write_text
 from draftsmith.models import eos_token_ids
 from draftsmith.sampling import SamplingParams
 
@@ -101,7 +101,7 @@ def generate_dataset(
         raise DraftsmithError("max_new_tokens, batch_size and shard_size must be >= 1")
     check_limit(limit)
     device = models.parse_device(device) if model is None else device
-    out = Path(out_dir)
+    out = check_output_dir(out_dir)  # before any model loads (a rerun into the same folder resumes)
     settings = {
         "target": str(target),
         "prompts": source,

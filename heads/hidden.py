@@ -9,8 +9,12 @@ exact, and 4H fp16 values per token (4.6 KB on SmolLM2-135M, 32 KB on an 8B with
 cached draft-vocab logits (64 KB at V_d=32k) or a lossy top-k. Recomputing them costs one [H, V_d] matmul per
 token, far less than the head's own step.
 
+One cache can serve every kind: it records the hidden_states layers it holds (meta.json aux_layers, the union the
+recipe's data.cache_layers asks for when it is first built) and a run whose layers it holds reads their subset; a run
+needing a layer it lacks is refused in one line.
+
 Cache layout: DIR/meta.json (kind, layers, dtype, target fingerprint), DIR/index-rank{r}.json {example: shard},
-DIR/shard-r{r}-{n:05d}.safetensors holding `{example}.last` [T_i, H] and `{example}.aux` [T_i, 3H]. Shards and
+DIR/shard-r{r}-{n:05d}.safetensors holding `{example}.last` [T_i, H] and `{example}.aux` [T_i, n_aux * H]. Shards and
 index files are written under tmp names then renamed, so a killed run never leaves a half shard in the index.
 """
 
@@ -42,7 +46,7 @@ def target_features(
     target, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux_layers: list[int]
 ) -> dict:
     """Run the frozen target once. input_ids/attention_mask [B, T] -> {"last": [B, T, H] (normed final state),
-    "aux": [B, T, 3H] (concatenated aux states, eagle3 only)}."""
+    "aux": [B, T, len(aux_layers) * H] (the aux states concatenated; absent without aux_layers)}."""
     dec = base_decoder(target)
     out = dec(
         input_ids=input_ids,
@@ -92,21 +96,21 @@ class HiddenStateCache:
         meta_file = self.path / "meta.json"
         if meta_file.is_file():
             old = json.loads(meta_file.read_text())
-            if old.get("kind") != spec.kind and set(spec.aux_layers) <= set(old.get("aux_layers") or []):
-                # a cache holding more aux states (EAGLE-3's) holds the final state too: Medusa / EAGLE-1 / early-exit
-                # runs reuse it (and keep it complete)
-                spec = self.spec = CacheSpec(
-                    old["kind"], list(old["aux_layers"]), spec.hidden_size, spec.dtype, spec.data
+            held = list(old.get("aux_layers") or [])
+            missing = sorted(set(spec.aux_layers) - set(held))
+            if missing:
+                raise DraftsmithError(
+                    f"hidden-state cache {self.path} was written for hidden_states layers {held} (+ the final "
+                    f"state), this run needs {spec.aux_layers} ({missing} missing); build one cache for every "
+                    "kind with data.cache_layers listing all their layers, or use another data.hidden_cache dir"
                 )
-                meta.update(kind=spec.kind, aux_layers=spec.aux_layers)
-            for key in (
-                "kind",
-                "aux_layers",
-                "hidden_size",
-                "dtype",
-                "target_fingerprint",
-                "data_fingerprint",
-            ):
+            # a cache holding the layers a run needs serves it (EAGLE-3's aux layers, an early exit's layer, the
+            # final state of Medusa / EAGLE-1): the run reads its subset and, in hybrid mode, keeps it complete
+            spec = self.spec = CacheSpec(
+                old.get("kind", spec.kind), held, spec.hidden_size, spec.dtype, spec.data
+            )
+            meta.update(kind=spec.kind, aux_layers=held)
+            for key in ("hidden_size", "dtype", "target_fingerprint", "data_fingerprint"):
                 if key in meta and key in old and old[key] != meta[key]:
                     raise DraftsmithError(
                         f"hidden-state cache {self.path} was written for {key}={old[key]}, this run "
@@ -190,31 +194,47 @@ def pad_features(rows: list[dict[str, torch.Tensor]], length: int, device, dtype
 
 
 class HiddenStates:
-    """Source of target features per batch. batch: input_ids/attention_mask [B, T], lengths [B], index [B]."""
+    """Source of target features per batch. batch: input_ids/attention_mask [B, T], lengths [B], index [B].
+    aux_layers: the layers the run reads (its "aux" holds them in this order); a cache may hold more (shared by
+    several kinds): those are computed too in hybrid mode, so the cache stays complete for the others."""
 
     def __init__(
         self, mode: HiddenMode, target, aux_layers: list[int], cache: HiddenStateCache | None = None
     ):
         if mode != "online" and cache is None:
             raise DraftsmithError(f"data.hidden_states={mode} needs data.hidden_cache (a folder)")
-        self.mode, self.target, self.aux_layers, self.cache = mode, target, aux_layers, cache
+        self.mode, self.target, self.aux_layers, self.cache = mode, target, list(aux_layers), cache
+        self.stored = (
+            list(cache.spec.aux_layers) if cache is not None and mode != "online" else self.aux_layers
+        )
 
     def __call__(self, batch: dict) -> dict[str, torch.Tensor]:
         ids, am = batch["input_ids"], batch["attention_mask"]
         dtype = next(self.target.parameters()).dtype
         if self.mode != "online" and self.cache.has_all(batch["index"].tolist()):
             rows = [self.cache.get(int(e)) for e in batch["index"].tolist()]
-            return pad_features(rows, ids.shape[1], ids.device, dtype)
+            return self._select(pad_features(rows, ids.shape[1], ids.device, dtype))
         if self.mode == "offline":
             raise DraftsmithError(
                 "offline hidden states: some examples are missing from the cache; rebuild it"
             )
-        feats = target_features(self.target, ids, am, self.aux_layers)
+        feats = target_features(self.target, ids, am, self.stored)
         if self.mode == "hybrid":
             for b, (e, n) in enumerate(zip(batch["index"].tolist(), batch["lengths"].tolist())):
                 if int(e) not in self.cache:
                     self.cache.put(int(e), {k: v[b, :n] for k, v in feats.items()})
-        return feats
+        return self._select(feats)
+
+    def _select(self, feats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The run's layers out of the stored ones: "aux" [B, T, len(aux_layers) * H] (absent when none)."""
+        if self.aux_layers == self.stored:
+            return feats
+        out = {"last": feats["last"]}
+        if self.aux_layers:
+            h = feats["last"].shape[-1]
+            cols = [self.stored.index(i) for i in self.aux_layers]
+            out["aux"] = torch.cat([feats["aux"][..., j * h : (j + 1) * h] for j in cols], -1)
+        return out
 
 
 def build_cache(

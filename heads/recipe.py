@@ -28,6 +28,7 @@ from draftsmith.heads.data import data_fingerprint, epoch_batches, load_examples
 from draftsmith.heads.hidden import CacheSpec, HiddenStateCache, HiddenStates, build_cache, bytes_per_token
 from draftsmith.heads.io import ACCURACY_FILE, save_head
 from draftsmith.heads.kinds import HEAD_KINDS, head_kind, trained_kinds
+from draftsmith.heads.targetinit import check_init
 from draftsmith.heads.training import HeadTrainer, TrainSetup, evaluate_heads
 from draftsmith.kinds import DrafterKind
 from draftsmith.rundir import check_out_dir
@@ -56,13 +57,17 @@ class CommonHeadFields:
     """The head kind (draftsmith.heads.kinds): medusa (Medusa-1, frozen target), medusa2 (LoRA target + heads),
     eagle (EAGLE-1), eagle3, dflash (DFlash-style block drafter), peagle (P-EAGLE), earlyexit (trained early exit)."""
     draft_vocab_size: int = 32000
-    """EAGLE-3, DFlash, P-EAGLE, early exit: reduced output vocabulary, the most frequent tokens of the training
-    data (capped at V; dflash 0 = the target's frozen full head)."""
+    """EAGLE-3, DFlash, P-EAGLE, early exit (and Medusa with head.reduced_vocab): reduced output vocabulary, the most
+    frequent tokens of the training data (capped at V; dflash 0 = the target's frozen full head)."""
     aux_layers: list[int] | None = None
     """EAGLE-3, DFlash, P-EAGLE: HF hidden_states indices (inputs of those layers); null = 2, N//2, N-3 (made
     distinct within [1, N-1] on small targets, where the engines can capture them)."""
     intermediate_size: int | None = None
     """EAGLE, DFlash, early exit: MLP width of the draft layer; null = the target's."""
+    init: str = "random"
+    """EAGLE, EAGLE-3, P-EAGLE, DFlash, early exit: random = the draft layer drawn at random; target = it starts as
+    the target's last decoder layer, final norm and (fc) deepest aux state (heads.targetinit says what is copied).
+    Embeddings and output rows are the target's either way; Medusa heads always start from its lm_head."""
 
 
 @dataclass
@@ -72,6 +77,7 @@ class HeadSection(*_mixins("head_fields"), CommonHeadFields):
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS or HEAD_KINDS[self.kind].training is None:
             raise DraftsmithError(f"head.kind: {self.kind!r} is not one of {trained_kinds()}")
+        check_init(self.init, HEAD_KINDS[self.kind].training.saves_as or self.kind)
 
 
 @dataclass
@@ -112,6 +118,20 @@ class DataSection(DataSources):
     outlier activations), float16 otherwise."""
     shard_size: int = 256
     """Examples per cache shard."""
+    cache_layers: list[int] | None = None
+    """HF hidden_states indices the cache stores besides this kind's own: list every layer of the kinds that share
+    the cache (EAGLE-3 / DFlash / P-EAGLE aux layers, the early exit's layer) so whichever runs first builds it for
+    all and the target runs over the data once; null = this kind's layers only."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.cache_layers is not None and (
+            not isinstance(self.cache_layers, list)
+            or not all(isinstance(i, int) and i >= 0 for i in self.cache_layers)
+        ):
+            raise DraftsmithError(
+                f"data.cache_layers must be a list of hidden_states indices >= 0 (or null), got {self.cache_layers}"
+            )
 
 
 @dataclass
@@ -177,6 +197,20 @@ def check_exportable(cfg: HeadsConfig, say=print) -> None:
     )
 
 
+def check_cache_layers(cfg: HeadsConfig) -> None:
+    """Before the target loads: data.cache_layers within the target's hidden_states indices [0, N]."""
+    if not cfg.data.cache_layers:
+        return
+    from draftsmith import models
+
+    n = models.load_config(cfg.model.target).num_hidden_layers
+    bad = [i for i in cfg.data.cache_layers if not 0 <= i <= n]
+    if bad:
+        raise DraftsmithError(
+            f"data.cache_layers {bad} are outside the target's hidden_states indices [0, {n}]; list layers in range"
+        )
+
+
 def _export_problems(rec: DrafterKind, cfg: HeadsConfig, target_config, formats) -> dict[str, str]:
     where = "the head this run trains"
     planned = rec.training.plan(cfg, target_config)
@@ -199,6 +233,7 @@ def run_heads(
     run_config = to_dict(cfg)
     check_out_dir(cfg.output_dir, run_config, resume, overwrite)  # before any compute or cache write
     check_exportable(cfg, accelerator.print)
+    check_cache_layers(cfg)
     rec = head_kind(cfg.head.kind)
     with plain_model_init(accelerator):  # ZeRO-3 would partition the frozen target as it loads
         target = models.load_model(cfg.model.target, dtype=cfg.model.dtype, device=accelerator.device)
@@ -211,13 +246,13 @@ def run_heads(
     # a kind that trains the target computes its states every step: no cache
     cache = None if setup.target_training is not None else _cache(cfg, accelerator, target, train_ex, cache_kind, aux, cache_dtype, fingerprint, progress)  # fmt: skip
     mode = cfg.data.hidden_states if cache is not None else "online"
-    # a reused EAGLE-3 cache (superset) makes hybrid runs of other kinds fill in all of its tensors
-    hidden = HiddenStates(mode, target, cache.spec.aux_layers if cache is not None else aux, cache)
+    # a shared cache (a superset of this kind's layers) makes hybrid runs fill in all of its tensors
+    hidden = HiddenStates(mode, target, aux, cache)
     # held-out eval: hybrid runs cache the eval rows too (read back at later evals); offline caches hold train rows only
     online = hidden if mode == "hybrid" else HiddenStates("online", target, aux)
     trainer_module = HeadTrainer(head, setup.target, hidden, cfg.loss, setup.target_training, kind=rec.name)
     eval_fn, save_fn = _eval_and_save(cfg, eval_ex, online, setup)
-    bpt = bytes_per_token(len(hidden.aux_layers), target.config.hidden_size, getattr(torch, cache_dtype))
+    bpt = bytes_per_token(len(hidden.stored), target.config.hidden_size, getattr(torch, cache_dtype))
     accelerator.print(
         f"{cfg.head.kind} head: {sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, "
         f"{len(train_ex)} train / {len(eval_ex)} held-out conversations, hidden states {mode} "
@@ -281,7 +316,8 @@ def _cache(
     """The hidden-state cache of an offline / hybrid run (offline: filled now, by every rank's share), else None."""
     if cfg.data.hidden_states == "online":
         return None
-    spec = CacheSpec(kind, aux, target.config.hidden_size, dtype, fingerprint)
+    layers = aux if cfg.data.cache_layers is None else sorted(set(aux) | set(cfg.data.cache_layers))
+    spec = CacheSpec(kind, layers, target.config.hidden_size, dtype, fingerprint)
     path = cfg.data.hidden_cache or str(Path(cfg.output_dir) / "hidden_cache")
     rank, shard = accelerator.process_index, cfg.data.shard_size
     cache = HiddenStateCache(path, spec, target, rank=rank, shard_size=shard)

@@ -10,7 +10,9 @@ Each `--drafter NAME=SPEC@K` is a `draftsmith eval` drafter spec and its draft l
 `draftsmith.decode.evaluate.measure` with every drafter at once (plain decoding and every drafter per prompt, in an
 order rotated per prompt, after a warm-up of each; the lossless check with near-ties). Printed per drafter: tau
 (bonus included), alpha per position, draft cost per drafted token as a fraction of a plain target step, verify
-time per step, speedup (tokens/s over plain's, same run), extra bytes (tensors the drafter holds that are not the
+time per step, with --flops the drafter's weight share (bytes of weights its calls read through matmuls over a
+plain step's: its parameter share of the target) and FLOP share (decode.flops) beside that measured cost, speedup
+(tokens/s over plain's, same run), extra bytes (tensors the drafter holds that are not the
 target's own), lossless (greedy output == plain), tau per prompt group (HumanEval vs chat).
 Writes --out/bench.json and bench.png; --profiles-out DIR one costbench profile (an eval.json subset) per drafter.
 `--batch-size 1,2,4,8,16` also measures every drafter at every batch size (decode.batching, as `draftsmith eval
@@ -162,6 +164,7 @@ def bench(
             },
             "draft_cost_per_token": costs["draft_s"] / costs["step_s"] if costs else None,
             "draft_flop_share": arithmetic[name]["flop_share"] if name in arithmetic else None,
+            "draft_weight_share": arithmetic[name]["weight_share"] if name in arithmetic else None,
             "verify_ms_per_step": 1e3 * verify_s if verify_s is not None else None,
             "extra_bytes": extra_bytes(d.proposer, target),
             "tau_by_group": tau_by_group(r["prompts"]),
@@ -189,16 +192,17 @@ def print_table(out: dict) -> None:
     c = next(iter(out["drafters"].values()))["conditions"]
     print(f"\nplain: {out['plain_tokens_per_s']:.1f} tokens/s, {out['plain_ms_per_step'] or float('nan'):.1f} ms per "
           f"target step ({c['n_prompts']} prompts, {c['hardware']})")  # fmt: skip
-    print("| drafter | k | tau | tau chat / humaneval | alpha per position | draft cost / target step | its FLOP share | "
-          "verify ms/step | speedup | extra MB | lossless |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| drafter | k | tau | tau chat / humaneval | alpha per position | draft cost / target step | its weight share | "
+          "its FLOP share | verify ms/step | speedup | extra MB | lossless |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for m, r in out["drafters"].items():
         alpha = " ".join("-" if a is None else f"{a:.2f}" for a in r["alpha_per_position"])
         groups = " / ".join(f"{t:.2f}" for t in r["tau_by_group"].values())
         cost = "-" if r["draft_cost_per_token"] is None else f"{r['draft_cost_per_token']:.3f}"
         verify = "-" if r["verify_ms_per_step"] is None else f"{r['verify_ms_per_step']:.1f}"
         share = "-" if r.get("draft_flop_share") is None else f"{r['draft_flop_share']:.3f}"
-        print(f"| {m} | {r['k']} | {r['tau']:.2f} | {groups} | {alpha} | {cost} | {share} | {verify} | {r['speedup']:.2f}x | "
+        weights = "-" if r.get("draft_weight_share") is None else f"{r['draft_weight_share']:.3f}"
+        print(f"| {m} | {r['k']} | {r['tau']:.2f} | {groups} | {alpha} | {cost} | {weights} | {share} | {verify} | {r['speedup']:.2f}x | "
               f"{r['extra_bytes'] / 2**20:.1f} | {r['lossless']} |")  # fmt: skip
 
 

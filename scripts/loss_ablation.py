@@ -318,6 +318,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.k = args.k or tr.k
     if args.k < 1 or args.limit < 1 or args.max_new_tokens < 1:
         raise SystemExit("error: --k, --limit and --max-new-tokens must be >= 1")
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.fileio import check_output_dir
+
+    try:
+        check_output_dir(args.out, flag="OUT")  # before any run trains
+    except DraftsmithError as e:
+        raise SystemExit(f"error: {e}") from None
     return args
 
 

@@ -56,14 +56,23 @@ def recipe_runs(out: Path) -> list[RecipeRun]:
     return runs
 
 
-def drafter_specs(out: Path, runs: list[RecipeRun], configs: dict) -> list[tuple[str, str, int]]:
+def drafter_specs(
+    out: Path, runs: list[RecipeRun], configs: dict, skip: list[str] = ()
+) -> list[tuple[str, str, int]]:
     specs = list(BASELINES)
     for run in runs:
         kind = "distill" if run.trainer == "distill" else configs[run.name].head.kind
         template, k = SPECS[kind]
         specs.append((run.name, template.format(final=run.final), k))
-    specs.append(("layerskip", f"layerskip:{out / 'layerskip'}", 3))
+    if "layerskip" not in skip:
+        specs.append(("layerskip", f"layerskip:{out / 'layerskip'}", 3))
     return specs
+
+
+def _exists(spec: str) -> bool:
+    """A spec without a folder (ngram:, an embedded name) or whose folder is there."""
+    arg = spec.partition(":")[2].partition(",")[0]
+    return "/" not in arg or Path(arg).exists()
 
 
 def generate(out: Path) -> None:
@@ -134,14 +143,15 @@ def report(res: dict) -> str:
         f"{c['max_new_tokens']} new tokens, greedy. tau includes the bonus token. Plain decoding: "
         f"{d['plain_tokens_per_s']:.2f} tokens/s ({d['plain_ms_per_step']:.0f} ms a step); transformers' plain "
         f"generate: {hf['hf_plain']['tokens_per_s']:.2f} tokens/s.", "",
-        "| drafter | k | tau | alpha per position | draft time / step per token | its FLOP share | speedup | lossless |",
-        "|---|---|---|---|---|---|---|---|",
+        "| drafter | k | tau | alpha per position | draft time / step per token | its weight share | its FLOP share | speedup | lossless |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for name, r in d["drafters"].items():
         alpha = " ".join("-" if a is None else f"{a:.2f}" for a in r["alpha_per_position"])
         cost = "-" if r["draft_cost_per_token"] is None else f"{r['draft_cost_per_token']:.3f}"
         share = "-" if r["draft_flop_share"] is None else f"{r['draft_flop_share']:.3f}"
-        lines.append(f"| {name} | {r['k']} | {r['tau']:.2f} | {alpha} | {cost} | {share} | {r['speedup']:.2f}x | {r['lossless']} |")  # fmt: skip
+        weights = "-" if r.get("draft_weight_share") is None else f"{r['draft_weight_share']:.3f}"
+        lines.append(f"| {name} | {r['k']} | {r['tau']:.2f} | {alpha} | {cost} | {weights} | {share} | {r['speedup']:.2f}x | {r['lossless']} |")  # fmt: skip
     lines += [
         "",
         "| transformers | tokens/s | vs its plain generate | same output as plain generate |",
@@ -189,17 +199,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument(
-        "--skip", action="append", default=[], help="a recipe name not to train or bench (repeatable)"
+        "--skip",
+        action="append",
+        default=[],
+        help="a recipe name (or layerskip) not to train or bench (repeatable)",
     )
     ap.add_argument("--dry", action="store_true")
     args = ap.parse_args(argv)
-    runs = [r for r in recipe_runs(args.out) if r.name not in args.skip]
-    configs = {r.name: r.validate() for r in runs}  # every recipe, strictly, before anything is written
-    specs = drafter_specs(args.out, runs, configs)
-    from bench_drafters import parse_drafters
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.fileio import check_output_dir
 
     try:
-        parse_drafters([f"{n}={s}@{k}" for n, s, k in specs])
+        check_output_dir(args.out, flag="OUT")  # before any recipe is read or run
+    except DraftsmithError as e:
+        raise SystemExit(f"error: {e}") from None
+    runs = [r for r in recipe_runs(args.out) if r.name not in args.skip]
+    configs = {r.name: r.validate() for r in runs}  # every recipe, strictly, before anything is written
+    specs = drafter_specs(args.out, runs, configs, args.skip)
+    from bench_drafters import parse_drafters
+
+    try:  # the specs of folders that training or the layer-skip search will write are checked before the bench
+        parse_drafters([f"{n}={s}@{k}" for n, s, k in specs if _exists(s)])
     except Exception as e:  # noqa: BLE001 - a DraftsmithError line
         raise SystemExit(f"error: {e}") from None
     results = args.out / "showcase.json"
@@ -217,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     generate(args.out)
     for i, r in enumerate(runs):
         r.run(label=f"[{i + 1}/{len(runs)}] ")
-    layerskip(args.out)
+    if "layerskip" not in args.skip:
+        layerskip(args.out)
+    parse_drafters(
+        [f"{n}={s}@{k}" for n, s, k in specs]
+    )  # every folder is there now: all checked before loading
     res = bench(args, specs)
     from draftsmith.fileio import atomic_write, write_json, write_text
 

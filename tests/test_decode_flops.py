@@ -26,6 +26,12 @@ def test_target_step_and_draft_share_follow_the_weights(tiny_target, tiny_draft)
     # a draft LM also re-reads the accepted tokens and the correction it did not draft: somewhat above its share
     assert weights_share * 0.9 <= got["flop_share"] <= weights_share * 2.5
     assert got["drafted_tokens"] > 0
+    # weights read through matmuls: the plain step reads every matmul weight of the target (the lm_head as the
+    # decoder's transposed copy), the draft model its own
+    bytes_of = lambda m: 4 * _matmul_params(m)  # noqa: E731  (fp32)
+    assert plain["target_weight_bytes"] == bytes_of(tiny_target)
+    assert got["draft_weight_bytes"] == bytes_of(tiny_draft)
+    assert got["weight_share"] == bytes_of(tiny_draft) / bytes_of(tiny_target)
     assert not set(vars(proposer)) & {"begin", "propose", "advance"}  # the counting wrappers are gone
 
 
@@ -34,3 +40,4 @@ def test_a_lookup_drafter_costs_no_flops(tiny_target):
     proposer = NGramProposer()
     got = decode_flops(dec, proposer, PROMPT, k=4)
     assert got["flop_share"] == 0.0 and "propose" not in vars(proposer)
+    assert got["weight_share"] == 0.0

@@ -141,8 +141,20 @@ def test_offline_cache_equals_online_and_reports_bytes(tiny_dirs, generated, tmp
     valid = batch["attention_mask"].bool()
     for key in ("aux", "last"):
         torch.testing.assert_close(off[key][valid], on[key][valid], rtol=1e-5, atol=1e-5)
-    with pytest.raises(DraftsmithError, match="written for"):
-        HiddenStateCache(tmp_path / "c", CacheSpec("eagle3", [0, 1, 1], 64, "float32"), target)
+    with pytest.raises(DraftsmithError, match=r"written for hidden_states layers \[0, 1, 2\].*\[3\] missing"):
+        HiddenStateCache(tmp_path / "c", CacheSpec("eagle3", [0, 1, 3], 64, "float32"), target)
+    # a run reading a subset of the layers, in its own order, gets exactly its layers
+    for need in ([2, 0], [1], []):
+        sub = HiddenStates(
+            "offline",
+            target,
+            need,
+            HiddenStateCache(tmp_path / "c", CacheSpec("x", need, 64, "float32"), target),
+        )(batch)
+        ref = HiddenStates("online", target, need)(batch)
+        assert sorted(sub) == sorted(ref) == (["aux", "last"] if need else ["last"])
+        for key in sub:
+            torch.testing.assert_close(sub[key][valid], ref[key][valid], rtol=1e-5, atol=1e-5)
     # Medusa / EAGLE-1 reuse an EAGLE-3 cache (it holds the final state too)
     as_medusa = HiddenStateCache(tmp_path / "c", CacheSpec("medusa", [], 64, "float32"), target)
     assert as_medusa.spec.kind == "eagle3"
@@ -280,3 +292,92 @@ def test_every_trained_kind_has_a_complete_record():
             saved = HEAD_KINDS[t.saves_as or name]
             assert saved.load is not None and saved.check_folder is not None and saved.build is not None, name
     assert set(folder_kinds()) == {"medusa", "eagle", "eagle3", "dflash", "peagle", "earlyexit"}
+
+
+def test_one_cache_for_every_kind_built_once(tiny_dirs, generated, tmp_path):
+    """data.cache_layers: the first run (here the early exit) stores the union of every kind's layers, the EAGLE-3
+    run then reads its subset without writing; a cache lacking a run's layers is refused in one line."""
+    cache = tmp_path / "cache"
+    common = ["train.max_steps=1", "data.hidden_states=offline", f"data.hidden_cache={cache}"]
+    ee = _cfg(
+        tiny_dirs,
+        generated,
+        tmp_path / "ee",
+        "earlyexit",
+        "head.exit_layer=1",
+        "data.cache_layers=[0,1,2]",
+        *common,
+    )
+    run_heads(ee, make_accelerator(ee.train), progress=False)
+    meta = json.loads((cache / "meta.json").read_text())
+    assert meta["aux_layers"] == [0, 1, 2] and meta["kind"] == "earlyexit"
+    shards = {p.name: p.stat().st_mtime_ns for p in cache.glob("shard-*")}
+    e3 = _cfg(tiny_dirs, generated, tmp_path / "e3", "eagle3", "data.cache_layers=[0,1,2]", *common)
+    assert run_heads(e3, make_accelerator(e3.train), progress=False)["step"] == 1
+    assert {p.name: p.stat().st_mtime_ns for p in cache.glob("shard-*")} == shards  # read, not rebuilt
+    only = tmp_path / "only-exit"
+    ee2 = _cfg(tiny_dirs, generated, tmp_path / "ee2", "earlyexit", "head.exit_layer=1", "train.max_steps=1",
+               "data.hidden_states=offline", f"data.hidden_cache={only}")  # fmt: skip
+    run_heads(ee2, make_accelerator(ee2.train), progress=False)
+    e3b = _cfg(tiny_dirs, generated, tmp_path / "e3b", "eagle3", "train.max_steps=1", "data.hidden_states=offline",
+               f"data.hidden_cache={only}")  # fmt: skip
+    with pytest.raises(DraftsmithError, match=r"this run needs \[0, 1, 2\] \(\[0, 2\] missing\)"):
+        run_heads(e3b, make_accelerator(e3b.train), progress=False)
+    with pytest.raises(DraftsmithError, match="data.cache_layers"):
+        load_config(HeadsConfig, None, ["data.cache_layers=[-1]"])
+    far = _cfg(tiny_dirs, generated, tmp_path / "far", "eagle3", "data.cache_layers=[9]", *common[:2],
+               f"data.hidden_cache={tmp_path / 'far-cache'}")  # fmt: skip
+    with pytest.raises(DraftsmithError, match=r"data.cache_layers \[9\] are outside .* \[0, 2\]"):
+        run_heads(far, make_accelerator(far.train), progress=False)
+    assert (
+        not (tmp_path / "far").exists() and not (tmp_path / "far-cache").exists()
+    )  # refused before any write
+
+
+QWEN_HEADS = sorted(p for p in RECIPES if p.name.startswith("heads-qwen2.5-coder-1.5b-"))
+
+
+def test_the_qwen_heads_recipes_share_one_cache_and_one_budget(tiny_dirs, generated, tmp_path):
+    """The five Qwen2.5-Coder-1.5B heads recipes: one data set, one cache holding every kind's layers (data.cache_layers),
+    equal training tokens; each runs a step on the tiny target with the paths and layers scaled down, the first fills
+    the cache and the others read it without writing a shard."""
+    assert {p.name.split("-")[-1].removesuffix(".yaml") for p in QWEN_HEADS} == {
+        "eagle3", "dflash", "peagle", "medusa", "earlyexit"}  # fmt: skip
+    cfgs = {p.name: load_config(HeadsConfig, p) for p in QWEN_HEADS}
+    assert (
+        len({(c.data.hidden_cache, tuple(c.data.cache_layers), c.data.cache_dtype) for c in cfgs.values()})
+        == 1
+    )
+    assert len({(str(c.data.source), c.data.max_length, c.data.eval_size, c.train.max_steps, c.train.batch_size,
+                 c.train.seed) for c in cfgs.values()}) == 1  # fmt: skip
+    from draftsmith.heads.eagle.model import default_aux_layers
+
+    layers = set(cfgs[QWEN_HEADS[0].name].data.cache_layers)
+    for c in cfgs.values():
+        need = (
+            set(c.head.aux_layers or default_aux_layers(28))
+            if c.head.kind in ("eagle3", "dflash", "peagle")
+            else set()
+        )
+        need |= {c.head.exit_layer} if c.head.kind == "earlyexit" else set()
+        assert need <= layers, c.head.kind
+        assert c.head.init == ("random" if c.head.kind == "medusa" else "target")
+    cache, shards = tmp_path / "hidden", None
+    for p in QWEN_HEADS:
+        cfg = load_config(HeadsConfig, p, [
+            f"model.target={tiny_dirs['target']}", f"data.source={generated}", f"data.hidden_cache={cache}",
+            "data.cache_layers=[0,1,2]", "head.draft_vocab_size=128", f"output_dir={tmp_path / p.stem}",
+            "train.max_steps=1", "train.batch_size=4", "data.eval_size=1", "train.eval_before_training=false",
+            "eval.depth=2", *(["head.aux_layers=[0,1,2]"] if cfg_kind(p) in ("eagle3", "dflash", "peagle") else []),
+            *(["head.exit_layer=1"] if cfg_kind(p) == "earlyexit" else []),
+            *(["loss.ttt_steps=2"] if cfg_kind(p) == "eagle3" else []),
+        ])  # fmt: skip
+        assert run_heads(cfg, make_accelerator(cfg.train), progress=False)["step"] == 1, p.name
+        now = {q.name: q.stat().st_mtime_ns for q in cache.glob("shard-*")}
+        assert now and (shards is None or now == shards), p.name  # hybrid: the first run fills, the rest read
+        shards = now
+        assert (tmp_path / p.stem / "final" / "model.safetensors").is_file()
+
+
+def cfg_kind(path: Path) -> str:
+    return load_config(HeadsConfig, path).head.kind

@@ -108,7 +108,14 @@ def test_bench_drafters_is_a_thin_caller(tiny_dirs, tmp_path, capsys):
         p = costbench.load_profile(prof / f"{name}.json")  # the cost model reads what the bench measured
         assert p["name"] == name and p["k"] == r["k"] and p["tau"] == r["tau"]
     assert res["drafters"]["d"]["draft_flop_share"] > 0.2 and res["drafters"]["n"]["draft_flop_share"] == 0.0
-    assert "| d | 3 |" in capsys.readouterr().out
+    assert (
+        0.2 < res["drafters"]["d"]["draft_weight_share"] < 1
+        and res["drafters"]["n"]["draft_weight_share"] == 0.0
+    )
+    table = capsys.readouterr().out
+    assert (
+        "| d | 3 |" in table and "| draft cost / target step | its weight share | its FLOP share |" in table
+    )
     # bad input: one line, exit 2, nothing loaded or written
     for bad, msg in (
         (["--drafter", "x=bogus:1@2"], "unknown drafter kind"),

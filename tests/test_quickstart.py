@@ -58,10 +58,17 @@ def test_quickstart_end_to_end_on_tiny_target(tiny_dirs, tmp_path, capsys, recwa
 
     with pytest.raises(DraftsmithError, match="evaluation prompts"):
         examples_from_generated(tmp_path / "qs" / "data" / "dev-eval")
-    # rerunning reuses the generated data (resumable) and retrains
+    # rerunning (--overwrite) reuses the generated data (resumable), retrains and says what it replaces
+    capsys.readouterr()
     quickstart(
-        tmp_path / "qs", target=tiny_dirs["target"], sizes=sizes, progress=False, run_decoder_eval=False
+        tmp_path / "qs",
+        target=tiny_dirs["target"],
+        sizes=sizes,
+        progress=False,
+        run_decoder_eval=False,
+        overwrite=True,
     )
+    assert "replacing the earlier quickstart.json, distill/ in" in capsys.readouterr().out
     man = json.loads((tmp_path / "qs" / "data" / "train" / "manifest.json").read_text())
     assert man["n_rows"] == len(
         {r["id"] for r in map(json.loads, (tmp_path / "qs" / "data" / "train" / "shard-00000.jsonl").open())}
@@ -181,7 +188,7 @@ def test_replan_after_slow_generation_rescales_by_a_fresh_measurement(monkeypatc
     """Generation overran its prediction: the re-plan re-measures target scoring, so a machine that got slower
     shrinks the rest more than one whose generation was merely mispredicted; the prompts already answered stay."""
     import draftsmith.app.calibrate as calibrate
-    from draftsmith.app.quickstart import _replan
+    from draftsmith.app.calibrate import replan as _replan
 
     first = plan_quickstart(FP32, SHAPE, 15 * 60, LOADED)
     gen_s = 1.5 * first.phases["generate"]

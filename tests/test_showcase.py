@@ -18,6 +18,12 @@ def test_dry_run_plans_every_recipe_and_drafter(tmp_path, capsys):
     recipes = sorted((ROOT / "recipes").glob("*qwen2.5-coder-1.5b-*.yaml"))
     assert len(recipes) >= 2 and all(f" {p.name} " in text for p in recipes)
     assert f"data.source={out / 'data' / 'gen'}" in text
+    heads = sorted((ROOT / "recipes").glob("heads-qwen2.5-coder-1.5b-*.yaml"))
+    assert (
+        len(heads) == 5 and text.count(f"data.hidden_cache={out / 'data' / 'hidden'}") == 5
+    )  # one shared cache
+    for p in heads:
+        assert f"bench {p.stem.removeprefix('heads-qwen2.5-coder-1.5b-')}:" in text
     for name in ("ngram", "draft-0.5b-as-is", "layerskip"):
         assert f"bench {name}:" in text
     assert not out.exists()
@@ -30,3 +36,11 @@ def test_a_finished_showcase_is_not_measured_over(tmp_path):
     with pytest.raises(SystemExit, match="showcase.json exists"):
         showcase.main([str(out), "--skip", "draft-0.5b-lora", "--skip", "draft-0.5b-pruned"])
     assert sorted(p.name for p in out.iterdir()) == ["showcase.json"]
+
+
+def test_skip_leaves_out_a_recipe_and_the_layer_skip_search(tmp_path, capsys):
+    out = tmp_path / "sc"
+    assert showcase.main([str(out), "--dry", "--skip", "draft-0.5b-lora", "--skip", "layerskip"]) == 0
+    text = capsys.readouterr().out
+    assert "bench draft-0.5b-pruned:" in text and "bench ngram:" in text
+    assert "draft-0.5b-lora" not in text and "layerskip" not in text

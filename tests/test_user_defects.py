@@ -276,7 +276,7 @@ def pushable(tmp_path):
     from draftsmith.testing import tiny_llama
 
     head = save_head(MedusaHeads.from_target(tiny_llama(seed=0), num_heads=2), tmp_path / "run" / "final")
-    ev = {**EVAL, "alpha_per_position": [0.61, None, None, None], "speedup": None}
+    ev = {**EVAL, "alpha_per_position": [0.61, None, None, None]}
     ev["per_category"] = {
         "writing": {"tau": 1.2, "speedup": None, "alpha_per_position": [0.6, None], "n_prompts": 1}
     }

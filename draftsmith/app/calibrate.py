@@ -1,5 +1,6 @@
 """Measure, in the first seconds of a quickstart, what its phases cost on this machine (-> plan.MachineCosts),
-and the token lengths of the data it would use (-> plan.DataShape). Nothing is written outside a temp folder.
+and the token lengths of the data it would use (-> plan.DataShape); after generation, `replan` re-measures one rate
+when generation overran its prediction. Nothing is written outside a temp folder.
 
 Each measurement runs the operation the phase runs, at its shapes, on random token ids (costs do not depend on
 the ids): a batched `model.generate` (prefill and steps timed by a streamer), target scoring as
@@ -11,19 +12,24 @@ from __future__ import annotations
 
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from draftsmith.app.plan import (
+    FULL,
     GEN_BATCH,
     MAX_LENGTH,
     MAX_PROMPT_TOKENS,
     DataShape,
     MachineCosts,
+    Plan,
     QuickstartSizes,
     expected_max,
+    plan_quickstart,
 )
+from draftsmith.errors import DraftsmithError
 
 
 class _StepClock:
@@ -223,3 +229,35 @@ def train_width(shape: DataShape, sizes: QuickstartSizes) -> float:
         min(n + sizes.max_new_tokens, MAX_LENGTH) for n in shape.train_prompt_lens if n <= MAX_PROMPT_TOKENS
     ]
     return expected_max(gen + [min(n, MAX_LENGTH) for n in shape.text_lens], sizes.batch_size)
+
+
+def replan(
+    plan: Plan, costs, shape, generate_s: float, budget_s: float, elapsed: float, evals: bool, model
+) -> Plan:
+    """After generation: if it took longer than predicted, re-measure one rate (target scoring) to tell a machine
+    that got slower (another job started) from a phase that cost more than predicted, scale the remaining costs
+    by that slowdown, and shrink text pairs and steps to what the time left allows."""
+    if generate_s <= 1.1 * plan.phases["generate"]:
+        return plan
+    slow = max(1.0, costs.score_tok_s / score_rate(model))
+    kept = replace(
+        FULL,
+        dev_prompts=plan.sizes.dev_prompts,
+        eval_prompts=plan.sizes.eval_prompts,
+        eval_max_new_tokens=plan.sizes.eval_max_new_tokens,
+    )
+    kw = dict(full=kept, max_scale=plan.scale, generated=plan.sizes.train_prompts, decoder_eval=evals)
+    elapsed = elapsed + 2.0  # the probe
+    try:
+        new = plan_quickstart(costs.slowed(slow), shape, budget_s, elapsed, **kw)
+    except DraftsmithError:  # not even the smallest plan fits any more: run it anyway, and say so
+        new = plan_quickstart(costs.slowed(slow), shape, float("inf"), 0.0, **{**kw, "max_scale": 0.1})
+        new = Plan(new.sizes, new.phases, budget_s, elapsed, new.scale, "over the budget")
+    if new.sizes == plan.sizes:
+        return plan
+    print(
+        f"      re-plan: generation took {generate_s / 60:.1f} min, predicted {plan.phases['generate'] / 60:.1f}; "
+        f"target scoring now runs {slow:.2f}x slower than at the start: {new.sizes.text_examples} text "
+        f"pairs, {new.sizes.steps} steps; {new.lines()[1]}"
+    )
+    return new

@@ -42,7 +42,7 @@ from draftsmith.decode.proposer import Proposer
 from draftsmith.decode.rowwise import batched
 from draftsmith.decode.speed import StepCosts, measure_forward_costs
 from draftsmith.errors import DraftsmithError
-from draftsmith.fileio import write_json, write_text
+from draftsmith.fileio import check_output_dir, write_json, write_text
 from draftsmith.kinds import CostSettings, DrafterKind, parse_options
 from draftsmith.sampling import SamplingParams
 
@@ -409,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if out.exists():
             raise DraftsmithError(f"{out} exists; pass a new --out path (results are never overwritten)")
+        check_output_dir(out.parent)  # its folder can be written: checked before the benchmark runs
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
         if args.context < 1 or args.reps < 1 or args.k < 1:

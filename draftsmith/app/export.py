@@ -24,7 +24,7 @@ from pathlib import Path
 from draftsmith.app.drafters import DRAFTERS
 from draftsmith.checkpoint import EXPORT_MANIFEST, Checkpoint, read_checkpoint
 from draftsmith.errors import DraftsmithError
-from draftsmith.fileio import replace_dir
+from draftsmith.fileio import check_output_dir, replace_dir
 from draftsmith.kinds import ExportFormat, ExportOptions, describe_kind, spec_for
 from draftsmith.verifier import is_hub_id
 
@@ -55,6 +55,7 @@ def export(
     if speculative_tokens < 1:
         raise DraftsmithError(f"--speculative-tokens must be >= 1, got {speculative_tokens}")
     out = Path(out).expanduser()
+    check_output_dir(out)  # before the checkpoint is read; --force never replaces a file with a folder
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise DraftsmithError(f"{out} already exists and is not empty; choose another --out or pass --force")
     ckpt = read_checkpoint(checkpoint, DRAFTERS)

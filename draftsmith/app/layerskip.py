@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import check_output_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
             raise DraftsmithError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.draft_vocab < 0:
         raise DraftsmithError(f"--draft-vocab must be >= 0 (0 = full vocabulary), got {args.draft_vocab}")
-    out = Path(args.out)
+    out = Path(args.out).expanduser()
+    check_output_dir(out)  # before the calibration search; a file is never replaced by a folder
     if out.exists() and not args.overwrite:
         raise DraftsmithError(f"{out} exists; pass --overwrite to replace it or choose another --out")
     prompts = load_prompts(args.prompts, limit=args.limit)

@@ -1,6 +1,6 @@
 """`draftsmith quickstart`: the whole loop on the embedded target, on a CPU, within a time budget.
 
-    draftsmith quickstart [--out runs/quickstart] [--budget-min 15] [--fast]
+    draftsmith quickstart [--out runs/quickstart] [--budget-min 15] [--fast] [--overwrite]
 
 0. the target loads, and the first seconds measure what each phase costs on this machine (a batched generation
    step, scoring with the target, a training step of the draft, batch-1 decode and verify forwards:
@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +52,15 @@ from draftsmith.app.plan import (
     predict,
     time_table,
 )
-from draftsmith.errors import DraftsmithError
-from draftsmith.fileio import write_json
+from draftsmith.fileio import check_output_dir, write_json
 
 __all__ = ["FAST", "FULL", "QuickstartSizes", "distill_config", "quickstart"]
 
 # The decoder eval stops a step's draft at the first token the draft gives less than this probability: on a CPU
 # the verify forward grows with every drafted token, so likely-rejected tokens cost more than they bring.
 EVAL_STOP_BELOW = 0.5
+# what a run leaves in OUT that a rerun would replace (OUT/data is resumable and reused)
+RESULTS = ("quickstart.json", "distill", "eval")
 
 
 def distill_config(out: Path, target: str, sizes: QuickstartSizes, layers: list[int] | None = None):
@@ -120,40 +121,6 @@ def _plan(model, tok, base: QuickstartSizes, fixed: bool, sets, budget_s: float,
     return Plan(base, phases, budget_s, elapsed, None, "over the budget" if over else ""), costs, shape
 
 
-def _replan(
-    plan: Plan, costs, shape, generate_s: float, budget_s: float, elapsed: float, evals: bool, model
-) -> Plan:
-    """After generation: if it took longer than predicted, re-measure one rate (target scoring) to tell a machine
-    that got slower (another job started) from a phase that cost more than predicted, scale the remaining costs
-    by that slowdown, and shrink text pairs and steps to what the time left allows."""
-    from draftsmith.app.calibrate import score_rate
-
-    if generate_s <= 1.1 * plan.phases["generate"]:
-        return plan
-    slow = max(1.0, costs.score_tok_s / score_rate(model))
-    kept = replace(
-        FULL,
-        dev_prompts=plan.sizes.dev_prompts,
-        eval_prompts=plan.sizes.eval_prompts,
-        eval_max_new_tokens=plan.sizes.eval_max_new_tokens,
-    )
-    kw = dict(full=kept, max_scale=plan.scale, generated=plan.sizes.train_prompts, decoder_eval=evals)
-    elapsed = elapsed + 2.0  # the probe
-    try:
-        new = plan_quickstart(costs.slowed(slow), shape, budget_s, elapsed, **kw)
-    except DraftsmithError:  # not even the smallest plan fits any more: run it anyway, and say so
-        new = plan_quickstart(costs.slowed(slow), shape, float("inf"), 0.0, **{**kw, "max_scale": 0.1})
-        new = Plan(new.sizes, new.phases, budget_s, elapsed, new.scale, "over the budget")
-    if new.sizes == plan.sizes:
-        return plan
-    print(
-        f"      re-plan: generation took {generate_s / 60:.1f} min, predicted {plan.phases['generate'] / 60:.1f}; "
-        f"target scoring now runs {slow:.2f}x slower than at the start: {new.sizes.text_examples} text "
-        f"pairs, {new.sizes.steps} steps; {new.lines()[1]}"
-    )
-    return new
-
-
 @dataclass
 class _Run:
     """What the quickstart's steps share: the loaded target and tokenizer, where it writes, timings."""
@@ -165,6 +132,7 @@ class _Run:
     sets: tuple
     progress: bool
     t_start: float
+    overwrite: bool  # --overwrite: the steps may replace earlier results (checked and said at the start)
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -177,14 +145,20 @@ def quickstart(
     run_decoder_eval: bool = True,
     progress: bool = True,
     budget_min: float | str = 15.0,
+    overwrite: bool = False,
 ) -> dict:
     """Measure, plan within `budget_min` minutes, run the four steps above; returns (and writes to
     OUT/quickstart.json) the plan, the before/after numbers and predicted vs measured time per phase.
-    `sizes` (or `fast`) fixes the sizes instead of planning them (the plan is still predicted and printed)."""
+    `sizes` (or `fast`) fixes the sizes instead of planning them (the plan is still predicted and printed).
+    Earlier results in OUT (RESULTS) are refused unless `overwrite`; generated data is reused (resumable)."""
+    from draftsmith.app.calibrate import replan
+
     budget_s = 60 * check_budget(budget_min)  # before anything loads
+    out = Path(out).expanduser()
+    _check_out(out, overwrite, run_decoder_eval)
     fixed = sizes or (FAST if fast else None)
     c_start = time.process_time()
-    run = _load_target(target, Path(out), fixed or FULL, progress)
+    run = _load_target(target, out, fixed or FULL, progress, overwrite)
     first_plan, costs, shape = _measure_and_plan(
         run, fixed or FULL, fixed is not None, budget_s, run_decoder_eval
     )
@@ -192,7 +166,7 @@ def quickstart(
     plan = first_plan
     if fixed is None:
         elapsed = time.perf_counter() - run.t_start
-        plan = _replan(
+        plan = replan(
             plan, costs, shape, run.timings["generate_s"], budget_s, elapsed, run_decoder_eval, run.model
         )
     summary, before, after, tok_s = _distill(run, plan.sizes)
@@ -215,7 +189,16 @@ def quickstart(
     return result
 
 
-def _load_target(target: str, out: Path, base: QuickstartSizes, progress: bool) -> _Run:
+def _check_out(out: Path, overwrite: bool, evals: bool) -> None:
+    """The output folder is writable, and earlier results are replaced only when asked (and then named)."""
+    check_output_dir(out, RESULTS, overwrite)
+    replaced = [name for name in RESULTS if evals or name != "eval"]
+    held = [f"{name}/" if (out / name).is_dir() else name for name in replaced if (out / name).exists()]
+    if held:
+        print(f"--overwrite: replacing the earlier {', '.join(held)} in {out} (generated data is reused)")
+
+
+def _load_target(target: str, out: Path, base: QuickstartSizes, progress: bool, overwrite: bool) -> _Run:
     """The target and tokenizer, and the dev-eval prompt sets that fit its context beside the answers."""
     from draftsmith import models
 
@@ -224,7 +207,7 @@ def _load_target(target: str, out: Path, base: QuickstartSizes, progress: bool) 
     model = models.load_model(target, device=models.default_device(), inference=True)
     # prompts must leave room for the answer (and the decoder's k+1 lookahead) in the target's context
     room = model.config.max_position_embeddings - max(base.max_new_tokens, base.eval_max_new_tokens) - 8
-    return _Run(target, out, model, tok, dev_eval_sets(tok, room), progress, t_start)
+    return _Run(target, out, model, tok, dev_eval_sets(tok, room), progress, t_start, overwrite)
 
 
 def _measure_and_plan(run: _Run, base: QuickstartSizes, fixed: bool, budget_s: float, evals: bool):
@@ -286,7 +269,7 @@ def _distill(run: _Run, sizes: QuickstartSizes):
     summary = run_distill(
         cfg,
         make_accelerator(cfg.train),
-        overwrite=True,
+        overwrite=run.overwrite,
         progress=run.progress,
         target=run.model,
         tokenizer=run.tok,
@@ -352,7 +335,7 @@ def _decoder_eval(run: _Run, sizes: QuickstartSizes, draft_dir: str, costs) -> d
         dev_eval_prompts(sizes.eval_prompts, sets=run.sets),
         EvalSettings(k=4, max_new_tokens=sizes.eval_max_new_tokens),
         out_dir=run.out / "eval",
-        overwrite=True,  # the quickstart reruns into its own folder (its trainer overwrites too)
+        overwrite=run.overwrite,
         target_model=run.model,
         tokenizer=run.tok,
         progress=run.progress,
@@ -391,6 +374,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--target", default="smollm2-135m", help=argparse.SUPPRESS)
     p.add_argument("--no-eval", action="store_true", help="skip the decoder speed/acceptance eval")
+    p.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -400,5 +384,6 @@ def run(args: argparse.Namespace) -> int:
         target=args.target,
         run_decoder_eval=not args.no_eval,
         budget_min=args.budget_min,
+        overwrite=args.overwrite,
     )
     return 0

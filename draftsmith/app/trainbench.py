@@ -29,6 +29,7 @@ import torch
 from draftsmith.app.costbench import write_result
 from draftsmith.app.shapes import DRAFT_FOR, n_params, random_causal_lm
 from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import check_output_dir
 from draftsmith.trainer import TrainArgs, make_accelerator
 from draftsmith.trainer import run as train_loop
 
@@ -241,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if out.exists():
             raise DraftsmithError(f"{out} exists; pass a new --out path (results are never overwritten)")
+        check_output_dir(out.parent)  # its folder can be written: checked before the benchmark runs
         if args.steps < 2:
             raise DraftsmithError("--steps must be >= 2 (the first step is excluded from the median)")
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -193,7 +193,7 @@ class PEagleProposer(EagleProposer):
             mask[None, None],
             kv_extra=self.kv,
             from_target=False,
-            rope=self._rope(pos),
+            rope=self._rope(pos, start + n - 1 + m),
         )
         self.kv.length = start + n  # placeholders are not context
         self.pending = None

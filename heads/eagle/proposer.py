@@ -71,9 +71,10 @@ class EagleProposer:
         cos, sin = rope_cos_sin(pos, self.c.head_dim, self.c.rope_theta, self.dtype)
         self._cos, self._sin = cos[0, 0], sin[0, 0]  # [n, D]
 
-    def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """pos [T] -> (cos, sin) [1, 1, T, D] from the cached table (grown on demand)."""
-        need = int(pos.max()) + 1
+    def _rope(self, pos: torch.Tensor, last: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """pos [T] (at most `last`, known on the host: no device sync per draft step) -> (cos, sin) [1, 1, T, D]
+        from the cached table (grown on demand)."""
+        need = last + 1
         if need > self._cos.shape[0]:
             self._rope_table(max(need, 2 * self._cos.shape[0]))
         return self._cos[pos][None, None], self._sin[pos][None, None]
@@ -110,7 +111,7 @@ class EagleProposer:
             mask[None, None],
             kv_extra=self.kv,
             from_target=True,
-            rope=self._rope(pos),
+            rope=self._rope(pos, start + n - 1),
         )
         self.kv.length = start + n
         self.pending = None
@@ -147,7 +148,7 @@ class EagleProposer:
                 mask[None, None],
                 kv_extra=self.kv,
                 from_target=not self.eagle3,  # EAGLE-1 always fuses [embed; feature]; EAGLE-3 feeds its output
-                rope=self._rope(pos),
+                rope=self._rope(pos, ctx_len - 1 + d),
             )
             parent_out[0] = out[0]
             return self._logp(out[0])

@@ -12,6 +12,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.heads.common import weighted_means
 from draftsmith.heads.eagle.losses import EAGLE_LOSSES
 from draftsmith.heads.eagle.model import EagleHead, default_aux_layers
+from draftsmith.heads.targetinit import apply_init
 
 
 @dataclass
@@ -39,7 +40,8 @@ def aux_layers(h, num_layers: int) -> list[int]:
 
 
 def build_eagle1(cfg, target, train_examples) -> EagleHead:
-    return EagleHead.from_target(target, "eagle", intermediate_size=cfg.head.intermediate_size)
+    head = EagleHead.from_target(target, "eagle", intermediate_size=cfg.head.intermediate_size)
+    return apply_init(cfg.head.init, head, target)
 
 
 def build_eagle3(cfg, target, train_examples) -> EagleHead:
@@ -47,7 +49,7 @@ def build_eagle3(cfg, target, train_examples) -> EagleHead:
 
     h = cfg.head
     vocab_ids, _, _ = training_vocab(target, train_examples, h.draft_vocab_size)
-    return EagleHead.from_target(
+    head = EagleHead.from_target(
         target,
         "eagle3",
         draft_vocab_ids=vocab_ids,
@@ -55,6 +57,7 @@ def build_eagle3(cfg, target, train_examples) -> EagleHead:
         norm_before_residual=h.norm_before_residual,
         intermediate_size=h.intermediate_size,
     )
+    return apply_init(h.init, head, target)
 
 
 def plan_eagle3(cfg, target_config) -> dict:

@@ -34,7 +34,11 @@ def medusa_tensors(cfg: dict, where: str) -> tuple[dict[str, tuple[int, ...]], d
     n_heads, h = int_field(cfg, "num_heads", where), int_field(cfg, "hidden_size", where)
     n_layers = int_field(cfg, "num_layers", where, minimum=0)
     v = int_field(cfg, "vocab_size", where)
+    v_d = int(cfg.get("draft_vocab_size") or 0)
     req: dict[str, tuple[int, ...]] = {}
+    if 0 < v_d < v:  # a reduced vocabulary: vLLM's truncated_vocab_size + token_map
+        req["token_map"] = (v_d,)
+        v = v_d
     for i in range(n_heads):
         for j in range(n_layers):
             req[f"blocks.{i}.layers.{j}.weight"] = (h, h)
@@ -59,7 +63,8 @@ def vllm_medusa(ckpt: Checkpoint, opts=None) -> tuple[dict, dict[str, torch.Tens
         "num_heads": c["num_heads"],
         "num_hidden_layers": c["num_layers"],  # ResBlock layers per head
         "medusa_fc_bias": bias,
-        "truncated_vocab_size": c["vocab_size"],  # full vocab: no token_map
+        # a reduced vocabulary ships its token_map (vLLM reads it when truncated_vocab_size < vocab_size)
+        "truncated_vocab_size": c.get("draft_vocab_size") or c["vocab_size"],
         "torch_dtype": DTYPES.get(tensors["lm_heads.0.weight"].dtype, "float32"),
     }
     assert sorted(_num_keys(cfg)) == ["num_heads", "num_hidden_layers"], _num_keys(cfg)
@@ -69,6 +74,7 @@ def vllm_medusa(ckpt: Checkpoint, opts=None) -> tuple[dict, dict[str, torch.Tens
         "hidden_size": cfg["hidden_size"],
         "vocab_size": cfg["vocab_size"],
         "medusa_fc_bias": bias,
+        "draft_vocab_size": cfg["truncated_vocab_size"],
     }
     req, opt = medusa_tensors(spec, "vllm-medusa export")
     check_tensor_set(

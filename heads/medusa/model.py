@@ -3,8 +3,9 @@
 Head k (0-based) reads the target's final (normed) hidden state at position t and predicts token t+2+k; the
 target's own lm_head predicts t+1. Each head is `num_layers` residual blocks x + SiLU(W x + b) with W zero-
 initialised (so an untrained head starts as the target's lm_head), then a vocab projection initialised from
-the target's lm_head. Tensor names are vLLM's MedusaModel names: blocks.{h}.layers.{l}.{weight,bias},
-lm_heads.{h}.weight.
+the target's lm_head (its rows of a reduced vocabulary when draft_vocab_size is set: `token_map` [V_d] holds the
+target id of each column, vLLM's truncated-vocabulary layout). Tensor names are vLLM's MedusaModel names:
+blocks.{h}.layers.{l}.{weight,bias}, lm_heads.{h}.weight, token_map.
 """
 
 from __future__ import annotations
@@ -29,12 +30,23 @@ class MedusaConfig:
     hidden_size: int = 0
     vocab_size: int = 0
     medusa_fc_bias: bool = True
+    draft_vocab_size: int = 0
+    """Rows of each head's vocab projection: 0 = the target's full vocabulary; fewer = a reduced vocabulary
+    (token_map [V_d] maps a column to its target id)."""
 
     def __post_init__(self):
         if self.num_heads < 1 or self.num_layers < 0:
             raise DraftsmithError(
                 f"medusa needs num_heads >= 1 and num_layers >= 0, got {self.num_heads}, {self.num_layers}"
             )
+        if not 0 <= self.draft_vocab_size <= self.vocab_size:
+            raise DraftsmithError(
+                f"medusa draft_vocab_size must be in [0, vocab_size={self.vocab_size}], got {self.draft_vocab_size}"
+            )
+
+    @property
+    def reduced(self) -> bool:
+        return 0 < self.draft_vocab_size < self.vocab_size
 
 
 class MedusaBlock(nn.Module):
@@ -61,23 +73,47 @@ class MedusaHeads(nn.Module):
         super().__init__()
         self.config = config
         self.target = target or {}
-        h, v = config.hidden_size, config.vocab_size
+        h = config.hidden_size
+        v = config.draft_vocab_size if config.reduced else config.vocab_size
         self.blocks = nn.ModuleList(
             MedusaBlock(h, config.num_layers, config.medusa_fc_bias) for _ in range(config.num_heads)
         )
         self.lm_heads = nn.ModuleList(nn.Linear(h, v, bias=False) for _ in range(config.num_heads))
+        if config.reduced:
+            self.register_buffer("token_map", torch.arange(v, dtype=torch.long))
 
     @classmethod
-    def from_target(cls, target_model, num_heads: int = 4, num_layers: int = 1) -> MedusaHeads:
-        """New heads for `target_model`; vocab projections copied from its lm_head."""
+    def from_target(
+        cls,
+        target_model,
+        num_heads: int = 4,
+        num_layers: int = 1,
+        draft_vocab_ids: torch.Tensor | None = None,
+    ) -> MedusaHeads:
+        """New heads for `target_model`; vocab projections copied from its lm_head (the rows of draft_vocab_ids,
+        sorted target ids, when given: a reduced vocabulary)."""
         cfg = target_model.config
-        heads = cls(
-            MedusaConfig(num_heads, num_layers, cfg.hidden_size, cfg.vocab_size), target_info(target_model)
+        v_d = (
+            0
+            if draft_vocab_ids is None or draft_vocab_ids.numel() >= cfg.vocab_size
+            else draft_vocab_ids.numel()
         )
+        c = MedusaConfig(num_heads, num_layers, cfg.hidden_size, cfg.vocab_size, draft_vocab_size=int(v_d))
+        heads = cls(c, target_info(target_model))
         w = output_head(target_model).weight.detach()
+        if c.reduced:
+            ids = draft_vocab_ids.to(torch.long).cpu()
+            if not bool((ids[1:] > ids[:-1]).all()) or int(ids[-1]) >= cfg.vocab_size or int(ids[0]) < 0:
+                raise DraftsmithError("medusa draft vocab ids must be sorted, unique target ids")
+            heads.token_map.copy_(ids)
+            w = w[ids.to(w.device)]
         for lm in heads.lm_heads:
             lm.weight.data.copy_(w.float())
         return heads.to(w.device)
+
+    def target_ids(self, columns: torch.Tensor) -> torch.Tensor:
+        """Head logit columns -> target token ids (the identity for full-vocabulary heads)."""
+        return self.token_map[columns] if self.config.reduced else columns
 
     def features(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] (target final normed state) -> per-head features [K, ..., H]."""
@@ -108,6 +144,12 @@ class MedusaHeads(nn.Module):
         the cost, so on a CPU this buys many more optimizer steps per second)."""
         hidden = hidden.to(self.lm_heads[0].weight.dtype)
         total = hidden.new_zeros((), dtype=torch.float32)
+        column = None  # reduced vocabulary: target id -> its column (-1 outside); soft labels over its rows
+        if self.config.reduced:
+            column = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=hidden.device)
+            column[self.token_map] = torch.arange(self.token_map.numel(), device=hidden.device)
+            if target_head is not None:
+                target_head = target_head[self.token_map]
         metrics: dict[str, float] = {}
         for k, (blk, lm) in enumerate(zip(self.blocks, self.lm_heads)):
             shift = k + 2
@@ -117,6 +159,9 @@ class MedusaHeads(nn.Module):
             valid = loss_mask[:, shift:].bool()
             rows = hidden[:, :-shift][valid]  # [N, H]
             targets = labels[valid] if target_head is None else hidden[:, shift - 1 : -1][valid]
+            if column is not None and target_head is None:  # tokens outside the vocabulary cannot be learned
+                targets = column[targets]
+                rows, targets = rows[targets >= 0], targets[targets >= 0]
             if max_rows and rows.shape[0] > max_rows:
                 pick = torch.randperm(rows.shape[0], device=rows.device)[:max_rows]
                 rows, targets = rows[pick], targets[pick]
@@ -144,7 +189,7 @@ class MedusaHeads(nn.Module):
             "architectures": ["MedusaModel"],
             "model_type": "medusa",
             "num_hidden_layers": c.num_layers,
-            "truncated_vocab_size": None,
+            "truncated_vocab_size": c.draft_vocab_size if c.reduced else None,
             **asdict(c),
             "target": self.target,
         }

@@ -58,8 +58,8 @@ class MedusaProposer:
     def propose(self, k: int, params: SamplingParams, generator=None) -> Proposal:
         keep = [i for i, d in enumerate(self.depths) if d <= k]
         self.used_depth = min(k, max(self.depths))
-        logits = self.heads(self.last)  # [K, B, V]
-        top = logits.topk(self.topk, dim=-1).indices  # [K, B, topk]
+        logits = self.heads(self.last)  # [K, B, V_d]
+        top = self.heads.target_ids(logits.topk(self.topk, dim=-1).indices)  # [K, B, topk] target ids
         toks = torch.stack([top[len(p) - 1, :, p[-1]] for p in (self.paths[i] for i in keep)], 1)  # [B, N]
         if len(keep) == len(self.paths):
             return Proposal(toks, self.parents)

@@ -27,6 +27,10 @@ class MedusaHeadFields:
     """Medusa: heads (head k predicts token t+2+k)."""
     num_layers: int = 1
     """Medusa: residual blocks per head."""
+    reduced_vocab: bool = False
+    """Medusa: each head projects onto head.draft_vocab_size tokens (the training data's most frequent, EAGLE-3's
+    rule; rows of the target's lm_head, token_map to target ids) instead of the full vocabulary: on a 152k-token
+    target four full heads are 0.9B parameters."""
 
 
 @dataclass
@@ -67,7 +71,12 @@ class Medusa2Sections:
 
 
 def build(cfg, target, train_examples) -> MedusaHeads:
-    return MedusaHeads.from_target(target, cfg.head.num_heads, cfg.head.num_layers)
+    h, ids = cfg.head, None
+    if h.reduced_vocab:
+        from draftsmith.heads.common import training_vocab
+
+        ids = training_vocab(target, train_examples, h.draft_vocab_size)[0]
+    return MedusaHeads.from_target(target, h.num_heads, h.num_layers, draft_vocab_ids=ids)
 
 
 def features(head) -> tuple[str, list[int]]:
@@ -168,7 +177,7 @@ def evaluate(trainer, batches: list[dict], hidden, eval_cfg) -> dict:
             greedy = F.linear(h[:, s : s + n][valid].to(lm_w.dtype), lm_w).argmax(-1)
             # the eval runs outside autocast: fp32 heads read a bf16 target's states in their own dtype
             rows = h[:, :n][valid].to(lmh.weight.dtype)
-            top = lmh(blk(rows)).topk(min(RANKS, lmh.out_features), -1).indices
+            top = head.target_ids(lmh(blk(rows)).topk(min(RANKS, lmh.out_features), -1).indices)
             hits[j, : top.shape[1]] += (top == greedy[:, None]).double().sum(0)
             counts[j] += float(valid.sum())
     rank_acc = (hits / counts.clamp(min=1)[:, None]).tolist()
