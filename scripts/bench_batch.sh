@@ -3,8 +3,9 @@
 # (scripts/bench_drafters.py --batch-size): n-gram, the distilled draft LM, EAGLE-3 and the best drafter against plain
 # batched decoding at B = 1, 2, 4, 8, 16 (tau, tokens/s, speedup, verify cost, best k, break-even batch size).
 #   bash scripts/bench_batch.sh OUT SMOL_DRAFT SMOL_EAGLE3 QWEN_DRAFT QWEN_EAGLE3 [SMOL_BEST] [QWEN_BEST]
-# SMOL_* / QWEN_* are drafter folders trained for smollm2-135m / qwen2.5-coder-1.5b; *_BEST is a further drafter as
-# NAME=SPEC@K (e.g. eagle3-k1=eagle:DIR,top_k=1@1), or "" for none. Writes OUT/smollm2-135m/ and
+# SMOL_* / QWEN_* are drafter folders trained for smollm2-135m / qwen2.5-coder-1.5b (a draft may also be an embedded
+# name, e.g. qwen2.5-coder-0.5b; "" leaves that drafter out, e.g. a head not trained yet); *_BEST is a further
+# drafter as NAME=SPEC@K (e.g. eagle3-k1=eagle:DIR,top_k=1@1), or "" for none. Writes OUT/smollm2-135m/ and
 # OUT/qwen2.5-coder-1.5b/ (bench.json with a `batch` section per drafter, bench.png, bench-batch.png, log.txt).
 # Settings (environment): BATCH=1,2,4,8,16 PROMPTS=builtin:dev-eval LIMIT=16 NEW=64 K_DRAFT=4 K_EAGLE=2 K_NGRAM=4
 # SWEEP=1 (also measure every k <= K at every batch size), SMOL_TARGET / QWEN_TARGET (other targets, e.g. tests).
@@ -21,14 +22,18 @@ K_DRAFT=${K_DRAFT:-4} K_EAGLE=${K_EAGLE:-2} K_NGRAM=${K_NGRAM:-4}
 SWEEP_FLAG=()
 if [ "${SWEEP:-0}" = 1 ]; then SWEEP_FLAG=(--sweep-k); fi
 for folder in "$2" "$3" "$4" "$5"; do
-  [ -d "$folder" ] || { echo "error: drafter folder $folder does not exist; pass trained drafter folders" >&2; exit 2; }
+  case "$folder" in
+    ""|smollm2-135m|qwen2.5-coder-0.5b|qwen2.5-coder-1.5b) ;;
+    *) [ -d "$folder" ] || { echo "error: drafter folder $folder does not exist; pass trained drafter folders (or \"\" to leave one out)" >&2; exit 2; } ;;
+  esac
 done
 if [ -e "$OUT" ]; then echo "error: $OUT exists; pass a new OUT (results are never overwritten)" >&2; exit 2; fi
 
 run() {  # TARGET NAME DRAFT EAGLE3 BEST
   local target=$1 name=$2 best=$5
-  local drafters=(--drafter "ngram=ngram:@$K_NGRAM" --drafter "draft=draft:$3@$K_DRAFT"
-                  --drafter "eagle3=eagle3:$4,top_k=1@$K_EAGLE")
+  local drafters=(--drafter "ngram=ngram:@$K_NGRAM")
+  if [ -n "$3" ]; then drafters+=(--drafter "draft=draft:$3@$K_DRAFT"); fi
+  if [ -n "$4" ]; then drafters+=(--drafter "eagle3=eagle3:$4,top_k=1@$K_EAGLE"); fi
   if [ -n "$best" ]; then drafters+=(--drafter "$best"); fi
   mkdir -p "$OUT/$name"
   nice -n "${NICE:-0}" "$PY" scripts/bench_drafters.py --target "$target" --prompts "$PROMPTS" --limit "$LIMIT" \
