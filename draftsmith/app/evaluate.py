@@ -60,7 +60,7 @@ def evaluate(
     ctx = DrafterContext(
         target=target_model, tokenizer=tokenizer, device=dev, dtype=dtype, target_spec=target
     )
-    proposer = build_proposer(drafter, ctx)
+    proposer = build_proposer(drafter, ctx, k=settings.k)
     decoder = SpeculativeDecoder(target_model, tokenizer, compile=settings.compile)
     encoded = encode_prompts(decoder, tokenizer, prompts, settings)
 
