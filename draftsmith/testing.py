@@ -43,6 +43,18 @@ QWEN2_EXTRA = [
 QWEN2_VOCAB = (
     448  # the config's (padded) vocabulary: embedding rows past the tokenizer, as Qwen2.5 ships them
 )
+TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+"""The sizes and special ids every tiny architecture shares (tiny_config, tiny_qwen2)."""
 ARCHS = ("llama", "qwen2")
 
 _CORPUS = [
@@ -97,15 +109,7 @@ def tiny_config(vocab_size: int, **overrides):
 
     kw = dict(
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
+        **TINY_SHAPE,
         tie_word_embeddings=False,
     )
     kw.update(overrides)
@@ -131,15 +135,7 @@ def tiny_qwen2(seed: int = 0, vocab_size: int | None = None, **overrides):
 
     kw = dict(
         vocab_size=QWEN2_VOCAB if vocab_size is None else vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
+        **TINY_SHAPE,
         tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
     )

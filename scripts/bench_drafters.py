@@ -145,7 +145,7 @@ def bench(
     ctx = DrafterContext(
         target=target, tokenizer=tok, device=next(target.parameters()).device, target_spec=args.target
     )
-    drafters = [NamedDrafter(name, build_proposer(spec, ctx), k) for name, spec, k in specs]
+    drafters = [NamedDrafter(name, build_proposer(spec, ctx, k=k), k) for name, spec, k in specs]
     dec = SpeculativeDecoder(target, tok)
     encoded = encode_prompts(dec, tok, prompts, settings)
     measured = measure(dec, drafters, prompts, encoded, settings)

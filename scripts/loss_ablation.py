@@ -187,7 +187,8 @@ def measure(args, cells: list[Cell]) -> dict[float, dict]:
     prompts = load_prompts(args.prompts, limit=args.limit)
     encoded = [torch.tensor([prompt_ids(tok, p)]) for p in prompts]
     drafters = [
-        NamedDrafter(c.run.name, build_proposer(spec.format(final=c.run.final), ctx), args.k) for c in cells
+        NamedDrafter(c.run.name, build_proposer(spec.format(final=c.run.final), ctx, k=args.k), args.k)
+        for c in cells
     ]
     for t in todo:
         settings = EvalSettings(k=args.k, temperature=t, max_new_tokens=args.max_new_tokens, limit=args.limit)

@@ -121,8 +121,10 @@ def test_prompts_shapes(tmp_path, tiny_tokenizer):
         {"turns": ["t1", "t2"]},
         {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
         {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]},
-        {"other": 1},
     ]
+    f.write_text("\n".join(json.dumps(r) for r in [*rows, {"other": 1}]))
+    with pytest.raises(DraftsmithError, match="record 7 has no prompt text"):  # not dropped without a word
+        load_prompts(str(f))
     f.write_text("\n".join(json.dumps(r) for r in rows))
     ps = load_prompts(str(f))
     assert [p.text for p in ps] == ["plain", "do\n\nthis", "q?", "t1", "hi", "s\n\nu"]
@@ -132,7 +134,7 @@ def test_prompts_shapes(tmp_path, tiny_tokenizer):
     with pytest.raises(DraftsmithError, match="only 3 fit the context"):
         prompt_ids(tiny_tokenizer, ps[0], max_length=3)
     f.write_text(json.dumps({"other": 1}))
-    with pytest.raises(DraftsmithError, match="no usable prompts"):
+    with pytest.raises(DraftsmithError, match="record 1 has no prompt text"):
         load_prompts(str(f))
     with pytest.raises(DraftsmithError, match="not found"):
         load_prompts("nope.jsonl")

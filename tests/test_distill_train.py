@@ -214,9 +214,14 @@ def test_fixed_policy_reads_prompt_response_files(tmp_path, tiny_tokenizer):
         )
         + "\n"
         + json.dumps({"prompt": "2+2?", "response": "4"})
-        + "\n"
-        + json.dumps({"prompt": "no answer"})
     )
+    with f.open("a") as fh:
+        fh.write("\n" + json.dumps({"prompt": "no answer"}))
+    with pytest.raises(
+        DraftsmithError, match="record 3 has no response"
+    ):  # refused, not dropped without a word
+        examples_from_file(f, tiny_tokenizer)
+    f.write_text("\n".join(f.read_text().splitlines()[:2]))
     exs = examples_from_file(f, tiny_tokenizer)
     assert len(exs) == 2
     assert tiny_tokenizer.decode(exs[0].response_ids) == "hello<|im_end|>"

@@ -75,7 +75,7 @@ def test_generate_bad_inputs(tiny_dirs, tmp_path, prompt_file):
         _gen(tiny_dirs, str(tmp_path / "missing.jsonl"), tmp_path / "b")
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"other": 1}\n')
-    with pytest.raises(DraftsmithError, match="no usable prompts"):
+    with pytest.raises(DraftsmithError, match="record 1 has no prompt text"):
         _gen(tiny_dirs, str(empty), tmp_path / "c")
     long = tmp_path / "long.jsonl"
     long.write_text(json.dumps({"prompt": "word " * 600}) + "\n" + json.dumps({"prompt": "short"}) + "\n")

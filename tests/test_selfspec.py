@@ -263,7 +263,7 @@ def test_adapter_training_leaves_the_target_unchanged_and_decodes(tiny_dirs, gen
     import draftsmith.heads.recipe as recipe
 
     orig = recipe.HeadTrainer
-    recipe.HeadTrainer = lambda head, target, *a: seen.setdefault("t", orig(head, target, *a))
+    recipe.HeadTrainer = lambda head, target, *a, **kw: seen.setdefault("t", orig(head, target, *a, **kw))
     try:
         s = run_heads(cfg, acc, progress=False)
     finally:

@@ -95,13 +95,14 @@ def test_bad_specs_are_one_line_before_anything_loads(
 
 def test_eval_json_records_the_depth_used(folders, tiny_dirs, tmp_path):
     from draftsmith.app.evaluate import evaluate
+    from draftsmith.evalsettings import EvalSettings
     from draftsmith.prompts import Prompt
 
     prompts = [
         Prompt(messages=[{"role": "user", "content": "Tell me about the sea."}], category="chat", id="0")
     ]
-    res = evaluate(tiny_dirs["target"], f"eagle:{folders['eagle3']},top_k=2,total_tokens=6", prompts, k=3,
-                   max_new_tokens=8, device="cpu", progress=False)  # fmt: skip
+    res = evaluate(tiny_dirs["target"], f"eagle:{folders['eagle3']},top_k=2,total_tokens=6", prompts,
+                   EvalSettings(k=3, max_new_tokens=8), device="cpu", progress=False)  # fmt: skip
     cond = res["conditions"]
     assert cond["k"] == 3 and "depth=3" in cond["tree"], cond
     assert len(res["alpha_per_position"]) == 3

@@ -66,7 +66,7 @@ def evaluate(
     ctx = DrafterContext(
         target=target_model, tokenizer=tokenizer, device=dev, dtype=dtype, target_spec=target
     )
-    proposer = build_proposer(drafter, ctx)
+    proposer = build_proposer(drafter, ctx, k=settings.k)
     if max(settings.batch_sizes, default=1) > 1 and not hasattr(batched(proposer), "retain"):
         raise DraftsmithError(f"drafter {kind!r} cannot decode a batch yet; drop --batch-size")
     decoder = SpeculativeDecoder(target_model, tokenizer, compile=settings.compile)

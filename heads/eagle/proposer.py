@@ -58,13 +58,15 @@ class EagleProposer:
 
     @property
     def tree(self) -> str:
-        """What eval.json records: the tree as drafted (depth = the last step's, min(depth, k))."""
+        """What eval.json records: the tree as drafted (depth = the deepest step's, min(depth, k); the last steps of a
+        generation may draft shallower trees to stay within max_new_tokens)."""
         depth = self.used_depth if self.used_depth is not None else "k"
         return f"eagle2 dynamic top_k={self.top_k} depth={depth} total_tokens={self.total}"
 
     def _depth(self, k: int) -> int:
-        self.used_depth = k if self.depth is None else min(self.depth, k)
-        return self.used_depth
+        depth = k if self.depth is None else min(self.depth, k)
+        self.used_depth = max(depth, self.used_depth or 0)
+        return depth
 
     def _rope_table(self, n: int) -> None:
         pos = torch.arange(n, device=self.embed.device)[None]
