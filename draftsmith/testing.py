@@ -219,6 +219,29 @@ def assert_batch_greedy_lossless(decoder, proposer, prompts, *, k: int = 4, max_
 
 
 @torch.inference_mode()
+def tree_around(
+    want, k: int, g: torch.Generator, vocab: tuple[int, int] = (3, 380)
+) -> tuple[list[int], list[int]]:
+    """A test drafter's tree: at each depth d < k the wanted token `want(d)` among two random siblings from `vocab`
+    (left out at random one time in four), the next depth under it; stops where it is left out.
+    -> (tokens, parents) in Proposal's node order."""
+    toks, parents, parent = [], [], -1
+    for d in range(k):
+        kids = torch.randint(*vocab, (2,), generator=g).tolist()
+        slot = int(torch.randint(0, 4, (), generator=g))  # 3: the wanted token is missing at this depth
+        if slot < 3:
+            kids.insert(slot, want(d))
+        chosen = None
+        for t in kids:
+            toks.append(t)
+            parents.append(parent)
+            chosen = len(toks) - 1 if t == want(d) and chosen is None else chosen
+        if chosen is None:
+            break
+        parent = chosen
+    return toks, parents
+
+
 def exact_joint(target, prompt: torch.Tensor, tokens: int = 3, temperature: float = 1.0) -> torch.Tensor:
     """The target's exact joint law [V] * tokens of its next `tokens` tokens after `prompt` [1, T], from full
     forwards over every prefix (independent of any cache or decoder)."""

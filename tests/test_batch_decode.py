@@ -11,6 +11,7 @@ from draftsmith.decode.ragged import RaggedCache
 from draftsmith.decode.verify import verify_rows
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams
+from draftsmith.testing import tree_around
 
 NEW = 24
 
@@ -43,21 +44,7 @@ class BatchTreeOracle:
         self.done = [self.done[r] for r in rows]
 
     def _row(self, truth: list[int], done: int, k: int) -> Proposal:
-        toks, parents, parent = [], [], -1
-        for d in range(k):
-            want = truth[done + d] if done + d < len(truth) else 3
-            kids = torch.randint(3, 380, (2,), generator=self.g).tolist()
-            slot = int(torch.randint(0, 4, (), generator=self.g))  # 3: the truth is missing at this depth
-            if slot < 3:
-                kids.insert(slot, want)
-            chosen = None
-            for t in kids:
-                toks.append(t)
-                parents.append(parent)
-                chosen = len(toks) - 1 if t == want and chosen is None else chosen
-            if chosen is None:
-                break
-            parent = chosen
+        toks, parents = tree_around(lambda d: truth[done + d] if done + d < len(truth) else 3, k, self.g)
         return Proposal(torch.tensor([toks]), parents)
 
     def propose(self, k, params, generator):

@@ -10,7 +10,7 @@ from draftsmith.decode.proposer import Proposal, node_depths, tree_attention_mas
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams
-from draftsmith.testing import ARCHS, sampled_joint_tvd, tiny_model
+from draftsmith.testing import ARCHS, sampled_joint_tvd, tiny_model, tree_around
 
 PROMPT = torch.tensor([[1, 40, 50, 60, 70, 80, 40, 50, 60, 90, 40, 50]])
 NEW = 40
@@ -40,27 +40,10 @@ class TreeOracle:
         self.rows = [hidden] if hidden is not None else []
 
     def propose(self, k, params, generator):
-        toks, parents, parent = [], [], -1
-        for d in range(k):
-            want = (
-                self.truth[self.pos - self.prompt_len + d]
-                if self.pos - self.prompt_len + d < len(self.truth)
-                else 3
-            )
-            sib = torch.randint(3, 380, (2,), generator=self.g).tolist()
-            slot = int(torch.randint(0, 4, (), generator=self.g))  # slot 3: truth missing at this depth
-            kids = [sib[0], sib[1]]
-            if slot < 3:
-                kids.insert(slot, want)
-            chosen = None
-            for t in kids:
-                toks.append(t)
-                parents.append(parent)
-                if t == want and chosen is None:
-                    chosen = len(toks) - 1
-            if chosen is None:
-                break
-            parent = chosen
+        done = self.pos - self.prompt_len  # tokens generated so far
+        toks, parents = tree_around(
+            lambda d: self.truth[done + d] if done + d < len(self.truth) else 3, k, self.g
+        )
         return Proposal(torch.tensor([toks]), parents)
 
     def advance(self, accepted_nodes, new_tokens, hidden):

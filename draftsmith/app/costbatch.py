@@ -19,13 +19,11 @@ independently), so only the costs move with B.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -213,33 +211,15 @@ def markdown(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m draftsmith.app.costbatch", description=__doc__.split("\n\n")[0]
-    )
-    ap.add_argument("--out", required=True, help="result JSON (a Markdown twin is written beside it)")
-    ap.add_argument("--shape", default=CurveArgs.shape, choices=sorted(DRAFT_FOR))
-    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    ap.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
+    ap = costbench.cli("python -m draftsmith.app.costbatch", __doc__, CurveArgs)
     ap.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
-    ap.add_argument("--context", type=int, default=CurveArgs.context)
-    ap.add_argument("--reps", type=int, default=CurveArgs.reps)
-    ap.add_argument("--k", type=int, default=CurveArgs.k)
-    ap.add_argument("--budget-s", type=float, default=0.0)
-    ap.add_argument(
-        "--profiles", nargs="*", default=[], help="draftsmith eval.json files (acceptance profiles)"
-    )
     args = ap.parse_args(argv)
-    out = Path(args.out)
     try:
-        if out.exists():
-            raise DraftsmithError(f"{out} exists; pass a new --out path (results are never overwritten)")
-        if args.context < 1 or args.reps < 1 or args.k < 1:
-            raise DraftsmithError("--context, --reps and --k must be >= 1")
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        out, device, dtype = costbench.checked_cli(args)
         a = CurveArgs(
             shape=args.shape,
             device=device,
-            dtype=args.dtype or ("bfloat16" if device.startswith("cuda") else "float32"),
+            dtype=dtype,
             context=args.context,
             batch_sizes=parse_batch_sizes(args.batch_sizes),
             reps=args.reps,

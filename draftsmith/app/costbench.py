@@ -385,35 +385,44 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m draftsmith.app.costbench", description=__doc__.split("\n\n")[0]
-    )
+def cli(prog: str, doc: str, defaults) -> argparse.ArgumentParser:
+    """The options both cost benchmarks take (this one and costbatch): defaults from their settings dataclass."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="result JSON (a Markdown twin is written beside it)")
-    ap.add_argument("--shape", default=BenchArgs.shape, choices=sorted(DRAFT_FOR))
+    ap.add_argument("--shape", default=defaults.shape, choices=sorted(DRAFT_FOR))
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument(
         "--dtype", default=None, choices=["bfloat16", "float16", "float32"], help="default: bf16 on CUDA"
     )
-    ap.add_argument("--context", type=int, default=BenchArgs.context)
-    ap.add_argument("--reps", type=int, default=BenchArgs.reps)
-    ap.add_argument("--compile", default=BenchArgs.compile, help="inductor | eager | aot_eager | none")
-    ap.add_argument("--k", type=int, default=BenchArgs.k)
-    ap.add_argument("--eagle-draft-vocab", type=int, default=BenchArgs.eagle_draft_vocab)
+    ap.add_argument("--context", type=int, default=defaults.context)
+    ap.add_argument("--reps", type=int, default=defaults.reps)
+    ap.add_argument("--k", type=int, default=defaults.k)
     ap.add_argument("--budget-s", type=float, default=0.0)
     ap.add_argument(
         "--profiles", nargs="*", default=[], help="draftsmith eval.json files (acceptance profiles)"
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def checked_cli(args: argparse.Namespace) -> tuple[Path, str, str]:
+    """Validate the shared options before anything is timed -> (out, device, dtype); raises DraftsmithError."""
     out = Path(args.out)
+    if out.exists():
+        raise DraftsmithError(f"{out} exists; pass a new --out path (results are never overwritten)")
+    check_output_dir(out.parent)  # its folder can be written: checked before the benchmark runs
+    if args.context < 1 or args.reps < 1 or args.k < 1:
+        raise DraftsmithError("--context, --reps and --k must be >= 1")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return out, device, args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = cli("python -m draftsmith.app.costbench", __doc__, BenchArgs)
+    ap.add_argument("--compile", default=BenchArgs.compile, help="inductor | eager | aot_eager | none")
+    ap.add_argument("--eagle-draft-vocab", type=int, default=BenchArgs.eagle_draft_vocab)
+    args = ap.parse_args(argv)
     try:
-        if out.exists():
-            raise DraftsmithError(f"{out} exists; pass a new --out path (results are never overwritten)")
-        check_output_dir(out.parent)  # its folder can be written: checked before the benchmark runs
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-        if args.context < 1 or args.reps < 1 or args.k < 1:
-            raise DraftsmithError("--context, --reps and --k must be >= 1")
+        out, device, dtype = checked_cli(args)
         res = run(
             BenchArgs(
                 shape=args.shape,
