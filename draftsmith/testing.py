@@ -218,7 +218,6 @@ def assert_batch_greedy_lossless(decoder, proposer, prompts, *, k: int = 4, max_
     return out
 
 
-@torch.inference_mode()
 def tree_around(
     want, k: int, g: torch.Generator, vocab: tuple[int, int] = (3, 380)
 ) -> tuple[list[int], list[int]]:
@@ -227,21 +226,23 @@ def tree_around(
     -> (tokens, parents) in Proposal's node order."""
     toks, parents, parent = [], [], -1
     for d in range(k):
+        wanted = want(d)
         kids = torch.randint(*vocab, (2,), generator=g).tolist()
         slot = int(torch.randint(0, 4, (), generator=g))  # 3: the wanted token is missing at this depth
         if slot < 3:
-            kids.insert(slot, want(d))
+            kids.insert(slot, wanted)
         chosen = None
         for t in kids:
             toks.append(t)
             parents.append(parent)
-            chosen = len(toks) - 1 if t == want(d) and chosen is None else chosen
+            chosen = len(toks) - 1 if t == wanted and chosen is None else chosen
         if chosen is None:
             break
         parent = chosen
     return toks, parents
 
 
+@torch.inference_mode()
 def exact_joint(target, prompt: torch.Tensor, tokens: int = 3, temperature: float = 1.0) -> torch.Tensor:
     """The target's exact joint law [V] * tokens of its next `tokens` tokens after `prompt` [1, T], from full
     forwards over every prefix (independent of any cache or decoder)."""

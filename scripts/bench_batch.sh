@@ -21,11 +21,10 @@ BATCH=${BATCH:-1,2,4,8,16} PROMPTS=${PROMPTS:-builtin:dev-eval} LIMIT=${LIMIT:-1
 K_DRAFT=${K_DRAFT:-4} K_EAGLE=${K_EAGLE:-2} K_NGRAM=${K_NGRAM:-4}
 SWEEP_FLAG=()
 if [ "${SWEEP:-0}" = 1 ]; then SWEEP_FLAG=(--sweep-k); fi
+EMBEDDED=" $("$PY" -c 'from draftsmith.models import EMBEDDED_TARGETS; print(*EMBEDDED_TARGETS)') "
 for folder in "$2" "$3" "$4" "$5"; do
-  case "$folder" in
-    ""|smollm2-135m|qwen2.5-coder-0.5b|qwen2.5-coder-1.5b) ;;
-    *) [ -d "$folder" ] || { echo "error: drafter folder $folder does not exist; pass trained drafter folders (or \"\" to leave one out)" >&2; exit 2; } ;;
-  esac
+  if [ -z "$folder" ] || [[ "$EMBEDDED" == *" $folder "* ]]; then continue; fi
+  [ -d "$folder" ] || { echo "error: drafter folder $folder does not exist; pass trained drafter folders, an embedded name or \"\" to leave one out" >&2; exit 2; }
 done
 if [ -e "$OUT" ]; then echo "error: $OUT exists; pass a new OUT (results are never overwritten)" >&2; exit 2; fi
 

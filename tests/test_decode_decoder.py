@@ -237,7 +237,6 @@ def test_ngram_lookup_picks_most_recent_longest_match():
     assert prop.propose(10).tokens.tolist() == [[4, 3, 6, 7]]  # clipped at the end of the context
     prop.advance([[]], torch.tensor([[42]]), None)
     assert prop.propose(3).num_nodes == 0  # 42 never seen: empty proposal (a plain step)
-    prop.advance(
-        [[0]], torch.tensor([[9, 5]]), None
-    )  # one accepted node + the bonus token: both are committed
+    # one accepted node plus the bonus token: both are committed
+    prop.advance([[0]], torch.tensor([[9, 5]]), None)
     assert prop.propose(2).tokens.tolist() == [[6, 7]]  # [9, 5] matched at 4..5
