@@ -11,7 +11,9 @@ Beside the FLOPs, the same decode records which model weights each side reads th
 distinct parameters and buffers of the target and of the drafter's modules that are an operand of a matmul op): the
 drafter's weight share is the bytes it reads over the bytes a plain step reads -- its parameter share of the target
 for a head, the shared layers plus the adapter for a self-speculative drafter, the draft model for `draft:`.
-Embedding lookups read rows, not matrices, and are not counted on either side.
+Embedding lookups read rows, not matrices, and are not counted on either side. Both are counted with every tuned CPU
+Linear on F.linear (draftsmith.cpulayout.reference_kernels): the kernels the layout tuner may pick instead (oneDNN's
+inner product, stream_linear) do not pass through torch's dispatch, so the counters would not see them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
+
+from draftsmith.cpulayout import reference_kernels
 
 from .decoder import SpeculativeDecoder
 from .proposer import Proposer
@@ -112,6 +116,7 @@ def _counting(proposer: Proposer, totals: list[int], reads: WeightReads | None =
 
 
 @torch.inference_mode()
+@reference_kernels()
 def decode_flops(
     decoder: SpeculativeDecoder,
     proposer: Proposer | None,

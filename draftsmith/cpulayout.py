@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -82,6 +83,22 @@ class Plan:
         return Plan(self.layout, {r: k for r, k in self.kernel_of.items() if KERNELS[k][1] == self.layout})
 
 
+_REFERENCE = [0]
+"""> 0 inside reference_kernels(): every TunedLinear runs F.linear on its own weight."""
+
+
+@contextmanager
+def reference_kernels():
+    """Inside: every TunedLinear runs F.linear on its stored weight, the product torch's FLOP counter and dispatch
+    modes see (oneDNN's inner product and stream_linear are invisible to them, so counting through a tuned model would
+    miss those Linears). Same values, the layout's own kernel; for counting, not timing."""
+    _REFERENCE[0] += 1
+    try:
+        yield
+    finally:
+        _REFERENCE[0] -= 1
+
+
 class TunedLinear(nn.Linear):
     """nn.Linear whose weight is stored in the measured layout and whose forward runs the kernel measured fastest for
     its row count (on a copy in the other layout where that kernel reads it)."""
@@ -89,7 +106,7 @@ class TunedLinear(nn.Linear):
     plan: Plan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.weight.requires_grad:  # a copy goes stale once the weight trains
+        if not self.weight.requires_grad and not _REFERENCE[0]:  # a copy goes stale once the weight trains
             kernel = self.plan.kernel_of.get(_bucket(x.numel() // self.in_features))
             if kernel is not None:
                 fn, layout = KERNELS[kernel]

@@ -1,5 +1,6 @@
 """decode.flops: FLOPs of a plain target step and of a drafter per drafted token, counted on a real decode."""
 
+import pytest
 import torch
 
 from draftsmith.decode.decoder import SpeculativeDecoder
@@ -41,3 +42,24 @@ def test_a_lookup_drafter_costs_no_flops(tiny_target):
     got = decode_flops(dec, proposer, PROMPT, k=4)
     assert got["flop_share"] == 0.0 and "propose" not in vars(proposer)
     assert got["weight_share"] == 0.0
+
+
+def test_tuned_cpu_kernels_are_counted_like_f_linear(tiny_target, tiny_draft, monkeypatch):
+    """The layout tuner's oneDNN kernel does not pass through torch's dispatch: decode_flops counts every tuned
+    Linear as F.linear, so a tuned target and draft give the untuned counts (FLOPs and weight bytes)."""
+    import copy
+
+    from draftsmith import cpulayout
+
+    dec = SpeculativeDecoder(tiny_target, None)
+    want = decode_flops(dec, DraftModelProposer(tiny_draft, 384), PROMPT, k=3)
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+    plan = cpulayout.Plan("col", {n: "onednn" for n in cpulayout.ROWS})  # every row count on oneDNN
+    monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: plan)
+    target = copy.deepcopy(tiny_target).requires_grad_(False)
+    draft = copy.deepcopy(tiny_draft).requires_grad_(False)
+    assert cpulayout.tune_linears(target)["tuned"] and cpulayout.tune_linears(draft)["tuned"]
+    got = decode_flops(SpeculativeDecoder(target, None), DraftModelProposer(draft, 384), PROMPT, k=3)
+    for key in ("target_step_flops", "draft_flops_per_token", "target_weight_bytes", "draft_weight_bytes"):
+        assert got[key] == pytest.approx(want[key], rel=1e-6), key
+    assert got["flop_share"] > 0.05 and got["drafted_tokens"] == want["drafted_tokens"]
