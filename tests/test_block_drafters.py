@@ -66,7 +66,8 @@ def test_greedy_output_equals_plain_decoding_chain_and_tree(tiny_target, k):
 
 def test_dflash_training_scores_what_the_proposer_proposes(tiny_target):
     """Block logits the trainer scores at anchor a == the proposer's logits after committing tokens 0..a, also
-    when the context arrived in two pieces (begin + advance)."""
+    when the context arrived in two pieces (begin, a propose whose block rows the next context write replaces,
+    advance)."""
     d = _dflash(tiny_target)
     ids = torch.randint(3, 300, (1, 20), generator=torch.Generator().manual_seed(1))
     am = torch.ones_like(ids)
@@ -82,6 +83,7 @@ def test_dflash_training_scores_what_the_proposer_proposes(tiny_target):
             prop.begin(ids[:, : a + 1], tuple(h[:, :a] for h in (hs[i] for i in AUX)))
         else:
             prop.begin(ids[:, : split + 1], tuple(hs[i][:, :split] for i in AUX))
+            prop.propose(4, SamplingParams())  # its block rows sit after the context until the next write
             prop.advance([0], ids[:, split + 1 : a + 1], tuple(hs[i][:, split:a] for i in AUX))
         chain = prop.propose(4, SamplingParams())
         assert torch.allclose(prop.last_logits, want, atol=1e-4)

@@ -27,7 +27,7 @@ from torch import nn
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.common import config_from_dict, target_info
 from draftsmith.heads.eagle.model import EagleHead, default_aux_layers
-from draftsmith.heads.layers import MLP, LayerShape, RMSNorm, llama_shape, rotate_half
+from draftsmith.heads.layers import MLP, KVBuffer, LayerShape, RMSNorm, llama_shape, rotate_half
 from draftsmith.modeling import base_decoder
 
 
@@ -74,13 +74,18 @@ class DFlashAttention(nn.Module):
         return k * cos + rotate_half(k) * sin, v
 
     def forward(self, x, cos, sin, ctx_kv, mask):
-        """x [B, R, H] block rows; ctx_kv: context (k, v) [B, h_kv, S, D]; mask [B|1, 1, R, S + R] bool or None
-        (None = every row sees every context row and the whole block). Returns [B, R, H]."""
+        """x [B, R, H] block rows; ctx_kv: context (k, v) [B, h_kv, S, D], or at decode time the layer's KVBuffer
+        (S = its length: the block's keys are written after the context and read in place, without copying the
+        context every step; the length does not move, so the next write replaces them); mask [B|1, 1, R, S + R]
+        bool or None (None = every row sees every context row and the whole block). Returns [B, R, H]."""
         b, r, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, r, self.n_heads, self.d)).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k, v = self.kv(x, cos, sin)
-        keys, vals = torch.cat([ctx_kv[0], k], 2), torch.cat([ctx_kv[1], v], 2)
+        if isinstance(ctx_kv, KVBuffer):
+            keys, vals = ctx_kv.write(k, v)
+        else:
+            keys, vals = torch.cat([ctx_kv[0], k], 2), torch.cat([ctx_kv[1], v], 2)
         out = F.scaled_dot_product_attention(
             q, keys, vals, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv
         )
@@ -176,8 +181,9 @@ class DFlashDrafter(nn.Module):
         """Per layer (k, v) [B, h_kv, T, D] of the context rows (cos/sin at their positions)."""
         return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
 
-    def block(self, embeds, cos, sin, ctx_kv: list[tuple], mask=None) -> torch.Tensor:
-        """embeds [B, R, H] (anchor + mask embeddings of one or many blocks); ctx_kv from context_kv; mask
+    def block(self, embeds, cos, sin, ctx_kv: list, mask=None) -> torch.Tensor:
+        """embeds [B, R, H] (anchor + mask embeddings of one or many blocks); ctx_kv from context_kv, or one
+        KVBuffer per layer (decoding; DFlashAttention.forward); mask
         [B|1, 1, R, S + R] or None. Returns the block's final states [B, R, H] (before norm)."""
         x = embeds
         for layer, kv in zip(self.layers, ctx_kv):

@@ -134,8 +134,7 @@ class DFlashProposer:
         tok[:, 0] = self.anchor[:, 0]
         pos = (self.anchor_pos + torch.arange(blk, device=dev))[None]
         cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, self.dtype)
-        ctx_kv = [(b.k[:, :, : b.length], b.v[:, :, : b.length]) for b in self.kv]
-        out = self.d.block(F.embedding(tok, self.embed).to(self.dtype), cos, sin, ctx_kv)
+        out = self.d.block(F.embedding(tok, self.embed).to(self.dtype), cos, sin, self.kv)
         return self.d.logits(out[0, 1:])  # [B-1, V_d]: row j predicts the token j after the anchor
 
     def propose(self, k: int, params: SamplingParams, generator=None) -> Proposal:
