@@ -1,8 +1,11 @@
 """decode.flops: FLOPs of a plain target step and of a drafter per drafted token, counted on a real decode."""
 
+import copy
+
 import pytest
 import torch
 
+from draftsmith import cpulayout
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.flops import decode_flops
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
@@ -47,10 +50,6 @@ def test_a_lookup_drafter_costs_no_flops(tiny_target):
 def test_tuned_cpu_kernels_are_counted_like_f_linear(tiny_target, tiny_draft, monkeypatch):
     """The layout tuner's oneDNN kernel does not pass through torch's dispatch: decode_flops counts every tuned
     Linear as F.linear, so a tuned target and draft give the untuned counts (FLOPs and weight bytes)."""
-    import copy
-
-    from draftsmith import cpulayout
-
     dec = SpeculativeDecoder(tiny_target, None)
     want = decode_flops(dec, DraftModelProposer(tiny_draft, 384), PROMPT, k=3)
     monkeypatch.setattr(cpulayout, "_DECISIONS", {})
