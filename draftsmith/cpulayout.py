@@ -16,11 +16,16 @@ target costs about one decode step.
 `tune_linears(model)` times, for each distinct weight shape once per process and for each row count of ROWS, every
 kernel on the layout it reads: "row" (F.linear on the row-major weight, nn.Linear's own), "col" (F.linear on a
 column-major copy), "onednn" (oneDNN on the column-major weight, where it runs for the dtype) and "stream". Each
-Linear keeps the layout whose kernels are fastest over the row counts (its "primary"), and a copy in the other
-layout only where a kernel on it wins a row count by MARGIN and the copies fit `max_extra_bytes`; each forward runs
-the winner of its row count. Prefill (hundreds of rows) takes the decision of the largest count measured. Shapes and
-state_dict are unchanged; nothing changes on GPUs or for trainable modules. DRAFTSMITH_CPU_LAYOUT=off turns it off
-(for A/B timing).
+Linear keeps the layout whose kernels cost least over the row counts as a decode weighs them (ROW_WEIGHT: one row as
+much as the verify blocks of the usual k; nn.Linear's row-major layout unless column-major wins by MARGIN), its
+"primary", and a copy in the other layout where a kernel on it wins a row count by MARGIN. Copies are kept in the
+order of what they save until they fill `max_extra_bytes` (by default a quarter of the memory available): on a
+memory-bound target both the one-row kernel of a plain step and the few-row kernel of a verify then run at their
+best, where a single layout would make one of them pay (Qwen2.5-Coder-1.5B on a 2-core AMD EPYC: column-major alone
+made the plain step 15% faster and the 5-token verify 30% slower, RESULTS.md). Each forward runs the winner of its
+row count; prefill (hundreds of rows) takes the decision of the largest count measured. Shapes and state_dict are
+unchanged; nothing changes on GPUs or for trainable modules. DRAFTSMITH_CPU_LAYOUT=off turns it off (for A/B
+timing).
 """
 
 from __future__ import annotations
@@ -45,9 +50,18 @@ ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 _DECISIONS: dict[tuple[int, int, torch.dtype], Plan] = {}
 """(in, out, dtype) -> the measured plan (per process)."""
 
-REPS, MARGIN = 5, 0.05
+REPS, MARGIN = 7, 0.05
 """A kernel other than the primary layout's own F.linear is chosen for a row count only if its median time is >= 5%
-below that one's (a copy costs memory; an alternative kernel must earn its place)."""
+below that one's (a copy costs memory; an alternative kernel must earn its place), and column-major becomes the
+primary layout only if its weighted cost is >= 5% below row-major's (a near tie keeps nn.Linear's own layout, so
+the choice does not flip with the machine's noise from one process to the next)."""
+ROW_WEIGHT = {1: 1.0, 2: 0.2, 3: 0.2, 4: 0.2, 6: 0.2, 8: 0.2, 12: 0.1, 16: 0.1, 32: 0.05, 64: 0.05}
+"""How much each row count weighs when the primary layout is chosen and copies are ranked: as much for one row (a
+plain decode step, a draft model's step) as for the verify blocks of the usual k (2-8 rows, 1.0 together), less for
+long verifies (12-16) and least for batched verifies and prefill (32+), which a CPU decode rarely runs. Every count
+weighs as a ratio to its fastest kernel, so the slow large products do not outweigh the fast small ones."""
+EXTRA_SHARE = 0.25
+"""By default the copies in the other layout may take this share of the memory available when tuning starts."""
 _STREAM_BYTES = 32 << 20
 """Each timing multiplies this many bytes of weight copies, so they stream from memory as in a real forward."""
 
@@ -74,6 +88,9 @@ class Plan:
 
     layout: str
     kernel_of: dict[int, str] = field(default_factory=dict)
+    saving: float = field(default=0.0, compare=False)
+    """The share of the layout-only plan's weighted cost that the copy saves (0 where there is no copy): copies are
+    kept in this order until the memory budget is spent."""
 
     @property
     def needs_copy(self) -> bool:
@@ -155,23 +172,36 @@ def _candidates(dtype: torch.dtype, in_features: int) -> dict[str, tuple]:
     return {n: KERNELS[n] for n in names}
 
 
+def _cost(med: dict[int, dict[str, float]], plan: Plan) -> float:
+    """Weighted cost of a plan: per row count its kernel's time over the fastest kernel's, weighted by ROW_WEIGHT."""
+    return sum(
+        ROW_WEIGHT.get(n, 0.05) * m[plan.kernel_of.get(n, DEFAULT[plan.layout])] / min(m.values())
+        for n, m in med.items()
+    )
+
+
 def _choose(med: dict[int, dict[str, float]]) -> Plan:
-    """The plan from median seconds per row count and kernel: the primary layout is the one whose kernels come
-    closest to the fastest over all row counts; then per row count the best kernel if it beats the layout's own
-    F.linear by MARGIN (on either layout: the caller drops the copy if memory says so)."""
+    """The plan from median seconds per row count and kernel: per layout, each row count takes the best kernel on
+    that layout if it beats the layout's own F.linear by MARGIN; the primary layout is the one whose plan costs
+    least (ROW_WEIGHT; column-major only if MARGIN below row-major); then each row count may take a kernel on the
+    other layout, again by MARGIN (a copy: tune_linears keeps copies in the order of what they save while memory
+    allows)."""
 
-    def gap(layout: str) -> float:
-        return sum(
-            min(t for k, t in m.items() if KERNELS[k][1] == layout) / min(m.values()) for m in med.values()
-        )
+    def best_plan(layout: str, kernels: set[str]) -> Plan:
+        kernel_of = {}
+        for n, m in med.items():
+            best = min((k for k in m if k in kernels), key=m.get)
+            if best != DEFAULT[layout] and m[best] < (1.0 - MARGIN) * m[DEFAULT[layout]]:
+                kernel_of[n] = best
+        return Plan(layout, kernel_of)
 
-    layout = min(("col", "row"), key=gap)
-    kernel_of = {}
-    for n, m in med.items():
-        best = min(m, key=m.get)
-        if best != DEFAULT[layout] and m[best] < (1.0 - MARGIN) * m[DEFAULT[layout]]:
-            kernel_of[n] = best
-    return Plan(layout, kernel_of)
+    own = {lay: best_plan(lay, {k for k, (_, kl) in KERNELS.items() if kl == lay}) for lay in ("row", "col")}
+    layout = "col" if _cost(med, own["col"]) < (1.0 - MARGIN) * _cost(med, own["row"]) else "row"
+    dual = best_plan(layout, set(KERNELS))
+    if not dual.needs_copy:
+        return own[layout]
+    saving = 1.0 - _cost(med, dual) / _cost(med, own[layout])
+    return Plan(layout, dual.kernel_of, saving)
 
 
 @torch.no_grad()
@@ -179,29 +209,36 @@ def measure_shape(in_features: int, out_features: int, dtype: torch.dtype) -> Pl
     """The measured plan of a weight shape on this CPU (cached per process)."""
     key = (in_features, out_features, dtype)
     if key not in _DECISIONS:
-        row_bytes = in_features * torch.finfo(dtype).bits // 8
-        # a huge head (a 128k-token vocabulary): time a slice of it
-        out_rows = max(1, min(out_features, 2 * _STREAM_BYTES // row_bytes))
-        copies = max(1, min(64, _STREAM_BYTES // (out_rows * row_bytes)))
-        weights = {"row": [torch.randn(out_rows, in_features).to(dtype) for _ in range(copies)]}
-        weights["col"] = [w.t().contiguous().t() for w in weights["row"]]
-        kernels = _candidates(dtype, in_features)
-        med = {}
-        for n in ROWS:
-            x = torch.randn(n, in_features).to(dtype)
-            # past 8 rows the product is compute-bound: fewer copies keep the timing short without changing it
-            part = {c: ws[: max(1, len(ws) * 8 // n)] if n > 8 else ws for c, ws in weights.items()}
-            usable = {k: v for k, v in kernels.items() if k != "stream" or n <= cpukernels.MAX_ROWS}
-            for fn, layout in usable.values():  # warm-up
-                _time(fn, x, part[layout])
-            # interleaved, so a drift of the machine's speed hits every kernel alike
-            runs = {name: [] for name in usable}
-            for _ in range(REPS):
-                for name, (fn, layout) in usable.items():
-                    runs[name].append(_time(fn, x, part[layout]))
-            med[n] = {name: sorted(v)[REPS // 2] for name, v in runs.items()}
-        _DECISIONS[key] = _choose(med)
+        _DECISIONS[key] = _choose(measure_medians(in_features, out_features, dtype))
     return _DECISIONS[key]
+
+
+@torch.no_grad()
+def measure_medians(in_features: int, out_features: int, dtype: torch.dtype) -> dict[int, dict[str, float]]:
+    """Median seconds of each kernel that runs here, per row count of ROWS, for a weight shape (weights streamed
+    from memory, kernels interleaved)."""
+    row_bytes = in_features * torch.finfo(dtype).bits // 8
+    # a huge head (a 128k-token vocabulary): time a slice of it
+    out_rows = max(1, min(out_features, 2 * _STREAM_BYTES // row_bytes))
+    copies = max(1, min(64, _STREAM_BYTES // (out_rows * row_bytes)))
+    weights = {"row": [torch.randn(out_rows, in_features).to(dtype) for _ in range(copies)]}
+    weights["col"] = [w.t().contiguous().t() for w in weights["row"]]
+    kernels = _candidates(dtype, in_features)
+    med = {}
+    for n in ROWS:
+        x = torch.randn(n, in_features).to(dtype)
+        # past 8 rows the product is compute-bound: fewer copies keep the timing short without changing it
+        part = {c: ws[: max(1, len(ws) * 8 // n)] if n > 8 else ws for c, ws in weights.items()}
+        usable = {k: v for k, v in kernels.items() if k != "stream" or n <= cpukernels.MAX_ROWS}
+        for fn, layout in usable.values():  # warm-up
+            _time(fn, x, part[layout])
+        # interleaved, so a drift of the machine's speed hits every kernel alike
+        runs = {name: [] for name in usable}
+        for _ in range(REPS):
+            for name, (fn, layout) in usable.items():
+                runs[name].append(_time(fn, x, part[layout]))
+        med[n] = {name: sorted(v)[REPS // 2] for name, v in runs.items()}
+    return med
 
 
 def enabled() -> bool:
@@ -214,12 +251,34 @@ def enabled() -> bool:
     return value == "auto"
 
 
+def available_bytes() -> int:
+    """Memory available now (MemAvailable of /proc/meminfo; 8 GiB where that cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 8 << 30
+
+
 @torch.no_grad()
-def tune_linears(model: nn.Module | None, max_extra_bytes: int = 2 << 30) -> dict:
+def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) -> dict:
     """Give the frozen CPU Linears of `model` the measured layout and kernels for small-row products (see the module
-    doc). Idempotent. Returns a summary: Linears changed, how many were re-laid out column-major, how many keep a
-    copy in the other layout, the extra MiB, and per shape its layout and the row counts of each kernel it runs."""
-    summary = {"tuned": 0, "column_major": 0, "dual": 0, "extra_mib": 0.0, "kernels": {}}
+    doc). Copies in the other layout are kept in the order of what they save, up to `max_extra_bytes` in all
+    (default: EXTRA_SHARE of the memory available now); a Linear whose copy does not fit keeps its own layout's
+    kernels. Idempotent. Returns a summary: Linears changed, how many were re-laid out column-major, how many keep a
+    copy in the other layout, the extra MiB, how many copies did not fit, and per shape its layout and the row
+    counts of each kernel it runs."""
+    summary = {
+        "tuned": 0,
+        "column_major": 0,
+        "dual": 0,
+        "extra_mib": 0.0,
+        "copies_left_out": 0,
+        "kernels": {},
+    }
     if model is None or not enabled():
         return summary
     linears = [
@@ -237,21 +296,34 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int = 2 << 30) -> dic
     for m in linears:
         o, i = m.weight.shape
         plans[m] = measure_shape(i, o, m.weight.dtype)
-    extra = sum(m.weight.numel() * m.weight.element_size() for m in linears if plans[m].needs_copy)
-    if extra > max_extra_bytes:  # no room for both layouts: every Linear keeps one
-        plans = {m: p.without_copy() for m, p in plans.items()}
+    budget = int(EXTRA_SHARE * available_bytes()) if max_extra_bytes is None else max_extra_bytes
+    for m in sorted((m for m in linears if plans[m].needs_copy), key=lambda m: -plans[m].saving):
+        size = m.weight.numel() * m.weight.element_size()
+        if size <= budget:
+            budget -= size
+        else:  # no room for both layouts: this Linear keeps one
+            plans[m] = plans[m].without_copy()
+            summary["copies_left_out"] += 1
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))  # > 1: a tied weight
     for m in linears:
         plan = plans[m]
         o, i = m.weight.shape
-        summary["kernels"][f"{i}x{o}"] = {
-            "layout": plan.layout,
-            **{
-                k: sorted(r for r, v in plan.kernel_of.items() if v == k)
-                for k in KERNELS
-                if k in plan.kernel_of.values()
+        measured = measure_shape(i, o, m.weight.dtype)  # the shape's plan, copy included
+        entry = summary["kernels"].setdefault(
+            f"{i}x{o}",
+            {
+                "layout": measured.layout,
+                **{
+                    k: sorted(r for r, v in measured.kernel_of.items() if v == k)
+                    for k in KERNELS
+                    if k in measured.kernel_of.values()
+                },
+                "linears": 0,
+                "copies_left_out": 0,
             },
-        }
+        )
+        entry["linears"] += 1
+        entry["copies_left_out"] += plan != measured
         if plan.layout == "row" and not plan.kernel_of:
             continue  # nn.Linear's own layout and kernel win everywhere: leave it
         old = m.weight
@@ -278,10 +350,11 @@ def describe(summary: dict) -> str:
     """One line for a tune_linears summary (eval.json conditions, benchmark logs)."""
     if not summary or not summary["tuned"]:
         return "nn.Linear (unchanged)"
-    kernels = sorted({k for v in summary["kernels"].values() for k in v if k != "layout"})
+    kernels = sorted({k for v in summary["kernels"].values() for k in v if k in KERNELS})
     per_kernel = {k: sorted({r for v in summary["kernels"].values() for r in v.get(k, [])}) for k in kernels}
     others = "; ".join(f"{k} for {rows} rows" for k, rows in per_kernel.items())
     return (
         f"{summary['tuned']} Linears tuned, {summary['column_major']} column-major{'; ' + others if others else ''}; "
         f"a copy in the other layout in {summary['dual']} (+{summary['extra_mib']} MiB)"
+        + (f", {summary['copies_left_out']} more did not fit" if summary.get("copies_left_out") else "")
     )
