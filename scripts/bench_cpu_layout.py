@@ -1,11 +1,14 @@
 """The CPU weight layout (draftsmith.cpulayout) against nn.Linear's own, ONE process, both copies of the target.
 
     python scripts/bench_cpu_layout.py [--target smollm2-135m] [--context 300] [--reps 9] [--out runs/cpu_layout]
+                                       [--max-extra-gib G]
 
 Loads the target twice (one copy re-laid out by cpulayout.tune_linears, one untouched) and, interleaving the two,
 times a forward of n = 1..16 new tokens after a `--context`-token KV cache (median of --reps), then plain greedy
 decoding of 48 tokens. Prints ms per forward and the ratio untouched/tuned per n, the verify cost in plain steps
-(forward(n) / forward(1)) for both, and writes --out/layout.json and layout.png.
+(forward(n) / forward(1)) for both, and writes --out/layout.json and layout.png. With two copies loaded, the tuner's
+default room for copies in the other layout (a quarter of the memory available) is smaller than when one target is
+loaded; --max-extra-gib sets it as a decode would have it.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--out", default="runs/cpu_layout")
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument(
+        "--max-extra-gib", type=float, default=None, help="room for layout copies (default: the tuner's)"
+    )
     a = p.parse_args(argv)
     from transformers import DynamicCache
 
@@ -51,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     base = models.load_model(a.target)
     t0 = time.perf_counter()
     tuned = copy.deepcopy(base)
-    summary = tune_linears(tuned)
+    summary = tune_linears(tuned, None if a.max_extra_gib is None else int(a.max_extra_gib * 2**30))
     tune_s = time.perf_counter() - t0
     print(f"{describe(summary)}, measured in {tune_s:.1f} s")
     gen = torch.Generator().manual_seed(0)
