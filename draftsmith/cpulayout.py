@@ -175,7 +175,7 @@ def _candidates(dtype: torch.dtype, in_features: int) -> dict[str, tuple]:
 def _cost(med: dict[int, dict[str, float]], plan: Plan) -> float:
     """Weighted cost of a plan: per row count its kernel's time over the fastest kernel's, weighted by ROW_WEIGHT."""
     return sum(
-        ROW_WEIGHT.get(n, 0.05) * m[plan.kernel_of.get(n, DEFAULT[plan.layout])] / min(m.values())
+        ROW_WEIGHT[n] * m[plan.kernel_of.get(n, DEFAULT[plan.layout])] / min(m.values())
         for n, m in med.items()
     )
 
@@ -292,10 +292,8 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) ->
     ]
     if not linears:
         return summary
-    plans = {}
-    for m in linears:
-        o, i = m.weight.shape
-        plans[m] = measure_shape(i, o, m.weight.dtype)
+    measured = {m: measure_shape(m.weight.shape[1], m.weight.shape[0], m.weight.dtype) for m in linears}
+    plans = dict(measured)  # the shape's plan, copy included, until memory says otherwise
     budget = int(EXTRA_SHARE * available_bytes()) if max_extra_bytes is None else max_extra_bytes
     for m in sorted((m for m in linears if plans[m].needs_copy), key=lambda m: -plans[m].saving):
         size = m.weight.numel() * m.weight.element_size()
@@ -308,22 +306,22 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) ->
     for m in linears:
         plan = plans[m]
         o, i = m.weight.shape
-        measured = measure_shape(i, o, m.weight.dtype)  # the shape's plan, copy included
+        shape_plan = measured[m]
         entry = summary["kernels"].setdefault(
             f"{i}x{o}",
             {
-                "layout": measured.layout,
+                "layout": shape_plan.layout,
                 **{
-                    k: sorted(r for r, v in measured.kernel_of.items() if v == k)
+                    k: sorted(r for r, v in shape_plan.kernel_of.items() if v == k)
                     for k in KERNELS
-                    if k in measured.kernel_of.values()
+                    if k in shape_plan.kernel_of.values()
                 },
                 "linears": 0,
                 "copies_left_out": 0,
             },
         )
         entry["linears"] += 1
-        entry["copies_left_out"] += plan != measured
+        entry["copies_left_out"] += plan != shape_plan
         if plan.layout == "row" and not plan.kernel_of:
             continue  # nn.Linear's own layout and kernel win everywhere: leave it
         old = m.weight
