@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         "--max-extra-gib", type=float, default=None, help="room for layout copies (default: the tuner's)"
     )
     a = p.parse_args(argv)
+    if a.max_extra_gib is not None and not a.max_extra_gib >= 0:
+        p.error(f"--max-extra-gib {a.max_extra_gib} is not a size; pass 0 (no copies) or more GiB")
     from transformers import DynamicCache
 
     from draftsmith import models
