@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from draftsmith.errors import DraftsmithError
 
 from .proposer import Proposer
 from .proposers import DraftModelProposer, NGramProposer
@@ -45,19 +46,24 @@ def build_ngram(path: str | None, opts: dict, ctx: DrafterContext | None) -> Pro
 
 
 def build_draft(path: str, opts: dict, ctx: DrafterContext) -> Proposer:
-    """`draft:<dir|hub id|.gguf>[,stop_below=P]`: a causal LM with the target's tokenizer (reduced vocab
-    honoured); stop_below > 0 ends a step's draft at the first token the draft is less sure of than P."""
+    """`draft:<dir|hub id|.gguf>[,stop_below=P,vocab=PATH]`: a causal LM with the target's tokenizer (reduced vocab
+    honoured); stop_below > 0 ends a step's draft at the first token the draft is less sure of than P; vocab= gives
+    a draft without one a reduced output vocabulary (a draft_vocab.safetensors or a folder holding one)."""
     from draftsmith import models
     from draftsmith.compat import _vocab_size, check_tokenizers
-    from draftsmith.vocab import load_draft_vocab
+    from draftsmith.vocab import load_draft_vocab, read_draft_vocab
 
     stop_below = opts.get("stop_below", 0.0)
     ref = models.resolve(path)
     d_cfg = models.load_config(ref)
     d_tok = models.load_tokenizer(ref)
     check_tokenizers(ctx.tokenizer, d_tok, ctx.target_vocab_size, _vocab_size(d_cfg))  # before any weights
-    vocab_ids = None
-    if ref.kind == "dir" and (Path(ref.path) / "draft_vocab.safetensors").is_file():
-        vocab_ids = load_draft_vocab(ref.path)
+    vocab_ids = load_draft_vocab(ref.path) if ref.kind == "dir" else None
+    if "vocab" in opts:
+        if vocab_ids is not None:
+            raise DraftsmithError(
+                f"{path} already has a reduced output vocabulary ({vocab_ids.numel()} ids); drop vocab="
+            )
+        vocab_ids = read_draft_vocab(opts["vocab"], min(_vocab_size(d_cfg), ctx.target_vocab_size))
     model = models.load_model(ref, dtype=ctx.dtype, device=ctx.device)  # app.drafters tunes it
     return DraftModelProposer(model, ctx.target_vocab_size, vocab_ids, stop_below=stop_below)

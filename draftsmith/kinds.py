@@ -31,7 +31,7 @@ class Option:
 
     name: str
     type: type
-    """int, float or bool (written 0 or 1)."""
+    """int, float, bool (written 0 or 1) or str (a path: no bounds, not empty)."""
     help: str
     min: float | None = None
     max: float | None = None
@@ -40,6 +40,8 @@ class Option:
     def describe(self) -> str:
         if self.type is bool:
             return f"{self.name}=0|1"
+        if self.type is str:
+            return f"{self.name}=<path>"
         lo = "" if self.min is None else f">= {self.min:g}"
         hi = (
             f"< {self.below:g}"
@@ -59,6 +61,10 @@ class Option:
             if raw not in ("0", "1"):
                 raise bad
             return raw == "1"
+        if self.type is str:
+            if not raw:
+                raise bad
+            return raw
         try:
             value = int(raw) if self.type is int else float(raw)
         except ValueError:

@@ -115,12 +115,38 @@ def load_draft_vocab(model_dir: str | os.PathLike) -> torch.LongTensor | None:
 
     Validated: 1-D int64, sorted, unique, within the model's vocab_size (read from config.json when present).
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = Path(model_dir) / DRAFT_VOCAB_FILE
     if not path.is_file():
         return None
+    vocab_size = None
+    cfg = Path(model_dir) / "config.json"
+    if cfg.is_file():
+        raw = json.loads(cfg.read_text())
+        vocab_size = raw.get("vocab_size") or (raw.get("text_config") or {}).get("vocab_size")
+    return read_draft_vocab(path, vocab_size)
+
+
+def vocab_file(path: str | os.PathLike) -> Path:
+    """A draft_vocab.safetensors file, or a folder holding one (a reduced-vocab draft, `draftsmith vocab`'s output),
+    -> the file; a path that is neither is one DraftsmithError line."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / DRAFT_VOCAB_FILE
+    if not p.is_file():
+        raise DraftsmithError(
+            f"draft vocabulary {path} not found: pass a {DRAFT_VOCAB_FILE} or a folder holding one (a reduced-vocab "
+            "draft's final/, or `draftsmith vocab --out DIR`)"
+        )
+    return p
+
+
+def read_draft_vocab(path: str | os.PathLike, vocab_size: int | None) -> torch.LongTensor:
+    """vocab_ids [V_d] int64 from a draft_vocab.safetensors file or a folder holding one, validated against the
+    vocabulary size it must index (None: unchecked)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = vocab_file(path)
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
@@ -129,11 +155,6 @@ def load_draft_vocab(model_dir: str | os.PathLike) -> torch.LongTensor | None:
         ) from None
     if set(tensors) != {"vocab_ids"}:
         raise DraftsmithError(f"{path} must hold exactly one tensor 'vocab_ids', found {sorted(tensors)}")
-    vocab_size = None
-    cfg = Path(model_dir) / "config.json"
-    if cfg.is_file():
-        raw = json.loads(cfg.read_text())
-        vocab_size = raw.get("vocab_size") or (raw.get("text_config") or {}).get("vocab_size")
     return _validate(tensors["vocab_ids"], vocab_size, str(path))
 
 

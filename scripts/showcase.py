@@ -3,11 +3,13 @@
     bash scripts/showcase.sh OUT [--limit 8] [--max-new-tokens 64] [--skip NAME ...] [--dry]
 
 1. data: the target answers builtin:train prompts once (`draftsmith generate`, resumable) -> OUT/data/gen; every
-   recipe trains on it (the distill recipes share one top-k score file, the heads one hidden-state cache).
+   recipe trains on it (the distill recipes share one top-k score file, the heads one hidden-state cache); its
+   32,768 most frequent ids are the reduced output vocabulary OUT/vocab-32k (`draftsmith vocab`).
 2. training: every recipe `recipes/qwen2.5-coder-1.5b-*.yaml` and `recipes/heads-qwen2.5-coder-1.5b-*.yaml` whose
    OUT/<name>/final is missing is trained (an unfinished run resumes); then the training-free layer-skip search.
 3. one benchmark process: the target loaded once; plain decoding, every trained drafter, `ngram:`, the 0.5B as it
-   is, layer skip (draftsmith.decode.evaluate.measure: per prompt, all of them back to back in a rotated order),
+   is, layer skip, and every draft LM without a reduced vocabulary again with OUT/vocab-32k (`<name>-vocab32k`:
+   FR-Spec's cheaper lm_head, still lossless) (draftsmith.decode.evaluate.measure: per prompt, all of them back to back in a rotated order),
    then transformers' `generate`, `assistant_model` (the same 0.5B) and prompt lookup the same way; on dev-eval
    prompts no recipe tuned on. Writes OUT/showcase.json (every number, per prompt), OUT/showcase.md (the table:
    tau, alpha per position, speedup, the drafter's time and FLOP share of a target step, lossless) and
@@ -41,6 +43,9 @@ SPECS = {
 }
 """kind -> (the eval spec of a trained folder, its draft length k): chains, the setting the CPU recipes measured best."""
 BASELINES = [("ngram", "ngram:", 4), ("draft-0.5b-as-is", f"draft:{SMALL}", 4)]
+VOCAB, VOCAB_SIZE = "vocab-32k", 32768
+"""OUT/vocab-32k: the data's most frequent target ids (`draftsmith vocab`), the reduced output vocabulary the bench
+gives every full-vocabulary draft LM as a second row (`<name>-vocab32k`: draft:<model>,vocab=OUT/vocab-32k)."""
 
 
 def recipe_runs(out: Path) -> list[RecipeRun]:
@@ -59,20 +64,35 @@ def recipe_runs(out: Path) -> list[RecipeRun]:
 def drafter_specs(
     out: Path, runs: list[RecipeRun], configs: dict, skip: list[str] = ()
 ) -> list[tuple[str, str, int]]:
-    specs = list(BASELINES)
+    """(name, spec, k) of every drafter benched: the baselines, every recipe's final/, layer skip; each draft LM
+    without a reduced vocabulary of its own also with OUT/vocab-32k (`<name>-vocab32k`). --skip names any of them."""
+    vocab = out / VOCAB
+    specs = list(BASELINES) + [("draft-0.5b-as-is-vocab32k", f"draft:{SMALL},vocab={vocab}", 4)]
     for run in runs:
         kind = "distill" if run.trainer == "distill" else configs[run.name].head.kind
         template, k = SPECS[kind]
         specs.append((run.name, template.format(final=run.final), k))
-    if "layerskip" not in skip:
-        specs.append(("layerskip", f"layerskip:{out / 'layerskip'}", 3))
-    return specs
+        if kind == "distill" and not configs[run.name].model.vocab_size:
+            specs.append((f"{run.name}-vocab32k", f"{template.format(final=run.final)},vocab={vocab}", k))
+    specs.append(("layerskip", f"layerskip:{out / 'layerskip'}", 3))
+    return [s for s in specs if s[0] not in skip]
 
 
 def _exists(spec: str) -> bool:
-    """A spec without a folder (ngram:, an embedded name) or whose folder is there."""
-    arg = spec.partition(":")[2].partition(",")[0]
-    return "/" not in arg or Path(arg).exists()
+    """A spec whose folders (its path, a vocab= folder) are there; an embedded name or ngram: has none."""
+    arg, _, opts = spec.partition(":")[2].partition(",")
+    paths = [arg] + [o.partition("=")[2] for o in opts.split(",") if o.startswith("vocab=")]
+    return all("/" not in p or Path(p).exists() for p in paths)
+
+
+def vocab(out: Path) -> None:
+    if (out / VOCAB / "draft_vocab.safetensors").is_file():
+        print(f"{VOCAB}: done, kept", flush=True)
+        return
+    cmd = [sys.executable, "-m", "draftsmith.app.cli", "vocab", "--target", TARGET, "--data", str(out / "data" / "gen"),
+           "--size", str(VOCAB_SIZE), "--out", str(out / VOCAB)]  # fmt: skip
+    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+        raise SystemExit("error: building the reduced draft vocabulary failed; rerun the same command")
 
 
 def generate(out: Path) -> None:
@@ -162,13 +182,15 @@ def report(res: dict) -> str:
         lines.append(
             f"| {name} | {r['tokens_per_s']:.2f} | {ratio:.2f}x | {r['identical_to_hf_plain']}/{res['n_prompts']} |"
         )
-    draft = d["drafters"].get("draft-0.5b-as-is")
-    if draft:
-        ratio = d["plain_tokens_per_s"] * draft["speedup"] / hf["hf_assistant"]["tokens_per_s"]
-        lines += [
-            "",
-            f"draftsmith `draft:` with the 0.5B as it is / transformers `assistant_model` with it: {ratio:.2f}x",
-        ]
+    lines.append("")
+    for name, what in (("draft-0.5b-as-is", "the 0.5B as it is"),
+                       ("draft-0.5b-as-is-vocab32k", "the 0.5B as it is, drafting from the 32k most frequent ids")):  # fmt: skip
+        draft = d["drafters"].get(name)
+        if draft:
+            ratio = d["plain_tokens_per_s"] * draft["speedup"] / hf["hf_assistant"]["tokens_per_s"]
+            lines.append(
+                f"draftsmith `draft:` with {what} / transformers `assistant_model` with the 0.5B: {ratio:.2f}x"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -202,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        help="a recipe name (or layerskip) not to train or bench (repeatable)",
+        help="a recipe not to train or bench, or a drafter not to bench (layerskip, ngram, ...; repeatable)",
     )
     ap.add_argument("--dry", action="store_true")
     args = ap.parse_args(argv)
@@ -235,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: {results} exists; move it away to measure again (training stays done)")
     args.out.mkdir(parents=True, exist_ok=True)
     generate(args.out)
+    vocab(args.out)
     for i, r in enumerate(runs):
         r.run(label=f"[{i + 1}/{len(runs)}] ")
-    if "layerskip" not in args.skip:
+    if any(n == "layerskip" for n, _, _ in specs):
         layerskip(args.out)
     parse_drafters(
         [f"{n}={s}@{k}" for n, s, k in specs]

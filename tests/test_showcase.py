@@ -26,6 +26,15 @@ def test_dry_run_plans_every_recipe_and_drafter(tmp_path, capsys):
         assert f"bench {p.stem.removeprefix('heads-qwen2.5-coder-1.5b-')}:" in text
     for name in ("ngram", "draft-0.5b-as-is", "layerskip"):
         assert f"bench {name}:" in text
+    # a full-vocabulary draft LM is benched again drafting from the data's 32k most frequent ids; the pruned draft
+    # has its own reduced vocabulary and is not
+    vocab = out / "vocab-32k"
+    assert f"bench draft-0.5b-as-is-vocab32k: draft:qwen2.5-coder-0.5b,vocab={vocab} @ k=4" in text
+    assert (
+        f"bench draft-0.5b-lora-vocab32k: draft:{out / 'draft-0.5b-lora' / 'final'},vocab={vocab} @ k=4"
+        in text
+    )
+    assert "draft-0.5b-pruned-vocab32k" not in text
     assert not out.exists()
 
 
@@ -44,3 +53,6 @@ def test_skip_leaves_out_a_recipe_and_the_layer_skip_search(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "bench draft-0.5b-pruned:" in text and "bench ngram:" in text
     assert "draft-0.5b-lora" not in text and "layerskip" not in text
+    assert showcase.main([str(out), "--dry", "--skip", "draft-0.5b-as-is-vocab32k", "--skip", "ngram"]) == 0
+    text = capsys.readouterr().out
+    assert "bench draft-0.5b-as-is:" in text and "as-is-vocab32k" not in text and "bench ngram" not in text

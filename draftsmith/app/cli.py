@@ -8,6 +8,7 @@
     draftsmith export CKPT --format FORMAT --out DIR   # the formats of the checkpoint's kind
     draftsmith push CKPT REPO_ID [--private] [--dry-run DIR]
     draftsmith layerskip --target T --out DIR  # measured skip set: a layerskip:DIR drafter
+    draftsmith vocab --target T --data DIR --out DIR   # reduced draft vocabulary: draft:D,vocab=DIR
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ COMMANDS = {
     "layerskip": (
         "draftsmith.app.layerskip",
         "pick the layers a target skips to draft for itself (measured here); write a layerskip: drafter",
+    ),
+    "vocab": (
+        "draftsmith.app.vocab",
+        "a reduced output vocabulary from training data, for draft:<model>,vocab=DIR (no weights loaded)",
     ),
 }
 

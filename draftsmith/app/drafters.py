@@ -34,6 +34,7 @@ from draftsmith.kinds import (
     parse_options,
     spec_for,
 )
+from draftsmith.vocab import vocab_file
 
 
 def _draft_cost(target, settings, opts) -> Proposer:
@@ -50,6 +51,12 @@ def _draft_example(root: Path, target) -> str:
     from draftsmith.testing import save_tiny_like
 
     return f"draft:{save_tiny_like(root / 'draft', target, seed=1, num_hidden_layers=1)}"
+
+
+def _check_draft(opts: dict) -> None:
+    """vocab= names a file that is there, before anything loads (its ids are checked against the draft's vocab)."""
+    if "vocab" in opts:
+        vocab_file(opts["vocab"])
 
 
 def _check_ngram(opts: dict) -> None:
@@ -77,7 +84,13 @@ DRAFT = DrafterKind(
             min=0,
             below=1,
         ),
+        Option(
+            "vocab",
+            str,
+            "a draft_vocab.safetensors (or a folder holding one, e.g. from draftsmith vocab): draft only those ids",
+        ),
     ),  # fmt: skip
+    check_options=_check_draft,
     path_is_folder=False,
     exports=(ExportFormat("hf", _export_hf),),
     cost=_draft_cost,
