@@ -61,12 +61,13 @@ def run(args: argparse.Namespace) -> int:
         raise DraftsmithError(
             f"{out / DRAFT_VOCAB_FILE} exists; pass --overwrite to replace it, or another --out"
         )
-    cfg = models.load_config(models.resolve(args.target), args.trust_remote_code)
+    ref = models.resolve(args.target)  # once: config and tokenizer both read from it
+    cfg = models.load_config(ref, args.trust_remote_code)
     vocab = _vocab_size(cfg)
     size = min(DEFAULT_SIZE, vocab) if args.size is None else args.size
     if not 0 < size <= vocab:
         raise DraftsmithError(f"--size must be in [1, {vocab}] (the target's vocabulary), got {size}")
-    tok = models.load_tokenizer(args.target, args.trust_remote_code)
+    tok = models.load_tokenizer(ref, args.trust_remote_code)
     examples = [e for source in examples_from_sources(args.data, tok) for e in source]
     counts = token_counts((e.prompt_ids + e.response_ids for e in examples), vocab)
     ids = build_vocab_ids(counts, size, always=special_token_ids(tok))
