@@ -57,7 +57,8 @@ def _first_diff(a: Any, b: Any, path: str = "") -> str:
     return f"{path or '<root>'} ({a!r} vs {b!r})"
 
 
-def _has_run(out: Path) -> bool:
+def has_run(out: Path) -> bool:
+    """True once `out` holds a run: its run.yaml, a checkpoint folder or metrics (what --resume continues)."""
     return any((out / n).exists() for n in ("run.yaml", "checkpoints", "metrics.jsonl"))
 
 
@@ -85,7 +86,7 @@ def check_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, ov
             f"{out} is in use by a live run ({holder}); wait for it to finish or stop it, or use another output_dir"
         )
     check_output_dir(out, flag="output_dir")  # a file, a folder under a file, a folder that cannot be written
-    if not _has_run(out):
+    if not has_run(out):
         if resume:
             raise DraftsmithError(f"--resume: {out} holds no run to resume; drop --resume to start one")
         return
@@ -124,7 +125,7 @@ def claim_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, ov
     fh.truncate()
     fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     fh.flush()
-    if overwrite and _has_run(out):
+    if overwrite and has_run(out):
         for name in ("checkpoints", "final", "lightning_logs"):
             shutil.rmtree(out / name, ignore_errors=True)
         for name in ("metrics.jsonl", "run.yaml"):

@@ -1,6 +1,7 @@
 """Training runs that a script drives to completion across stops: one recipe + overrides + run folder each.
 
-A run is `done` once its final/ folder holds a config.json, `resume` while it has a step checkpoint, `new` otherwise;
+A run is `done` once its final/ folder holds a config.json, `resume` once its folder holds a run (run.yaml, a step
+checkpoint or metrics: a run stopped before its first checkpoint restarts at step 0 under --resume), `new` otherwise;
 `run()` trains a new run, resumes an unfinished one (the trainer's own --resume) and leaves a finished one alone, so
 rerunning the calling script after a stop (or kill -9) continues where it was. Recipes are validated strictly (every
 override) before anything runs. Used by scripts/loss_ablation.py and scripts/showcase.py.
@@ -57,7 +58,9 @@ class RecipeRun:
     def state(self) -> str:
         if (self.final / "config.json").is_file():
             return "done"
-        return "resume" if any(self.out.glob("checkpoints/step-*")) else "new"
+        from draftsmith.rundir import has_run
+
+        return "resume" if has_run(self.out) else "new"
 
     def run(self, label: str = "") -> float:
         """Train to completion (resuming when it can); seconds spent, 0 for a finished run."""

@@ -103,3 +103,25 @@ def test_trains_every_loss_and_seed_then_measures_them_in_one_run(tiny_setup, ca
     assert loss_ablation.main(argv) == 0
     assert capsys.readouterr().out.count(": done, kept") == 4
     assert {p: p.stat().st_mtime_ns for p in (out / "distill").glob("measured-*.json")} == before
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_resumed(tiny_setup, capsys):
+    """A run killed before it saved a checkpoint leaves its run.yaml: a rerun continues it (the trainer's --resume
+    starts at step 0) instead of stopping at 'already holds this run'."""
+    import shutil
+
+    root, sets, _ = tiny_setup
+    out = root / "early-stop"
+    argv = _args(out, sets, "--losses", "fkl", "--seeds", "0", "--temperatures", "0")
+    assert loss_ablation.main(argv) == 0
+    run = out / "distill" / "runs" / "fkl-s0"
+    for name in ("final", "checkpoints", "metrics.jsonl"):
+        p = run / name
+        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    for p in (out / "distill").glob("measured-*.json"):
+        p.unlink()
+    assert (run / "run.yaml").is_file()
+    capsys.readouterr()
+    assert loss_ablation.main(argv) == 0
+    assert "fkl-s0: resuming" in capsys.readouterr().out
+    assert (run / "final" / "config.json").is_file()
