@@ -24,17 +24,29 @@ memory-bound target both the one-row kernel of a plain step and the few-row kern
 best, where a single layout would make one of them pay (Qwen2.5-Coder-1.5B on a 2-core AMD EPYC: column-major alone
 made the plain step 15% faster and the 5-token verify 30% slower, RESULTS.md). Each forward runs the winner of its
 row count; prefill (hundreds of rows) takes the decision of the largest count measured. Shapes and state_dict are
-unchanged; nothing changes on GPUs or for trainable modules. DRAFTSMITH_CPU_LAYOUT=off turns it off (for A/B
-timing).
+unchanged; nothing changes on GPUs or for trainable modules.
+
+The timings are only as good as the moment they are taken in: beside one single-thread training on a 2-core AMD
+EPYC, the one-row times of the 1.5B's shapes doubled and scattered and every shape went row-major, where two quiet
+processes chose the same plans (RESULTS.md). So a plan measured while the CPU was quiet (other processes used at most
+BUSY_SHARE of this process's CPUs meanwhile, from /proc/stat) is kept in the cache (DRAFTSMITH_CACHE/cpulayout/, one
+JSON file per machine: CPU model, usable CPUs, torch threads and version, the kernels available and these rules),
+and later processes on the same machine reuse it instead of measuring again; a plan measured on a busy CPU is used
+by its process only. DRAFTSMITH_CPU_LAYOUT=off turns the layout off (for A/B timing), =retune measures every shape
+again and replaces the kept plans (when the CPU is quiet).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import platform
 import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +54,7 @@ from torch import nn
 
 from draftsmith import cpukernels
 from draftsmith.errors import DraftsmithError
+from draftsmith.fileio import cache_dir, write_json
 
 ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 """Row counts measured; a count between two of them takes the decision of the lower one, above 64 the one of 64
@@ -62,6 +75,8 @@ long verifies (12-16) and least for batched verifies and prefill (32+), which a 
 weighs as a ratio to its fastest kernel, so the slow large products do not outweigh the fast small ones."""
 EXTRA_SHARE = 0.25
 """By default the copies in the other layout may take this share of the memory available when tuning starts."""
+BUSY_SHARE = 0.15
+"""A measurement during which other processes used more than this share of this process's CPUs is not kept."""
 _STREAM_BYTES = 32 << 20
 """Each timing multiplies this many bytes of weight copies, so they stream from memory as in a real forward."""
 
@@ -204,13 +219,131 @@ def _choose(med: dict[int, dict[str, float]]) -> Plan:
     return Plan(layout, dual.kernel_of, saving)
 
 
+_ORIGIN: dict[tuple[int, int, torch.dtype], str | float] = {}
+"""(in, out, dtype) -> where this process's plan came from: "kept" (this machine's file), "measured" (now, and kept),
+or the share of the CPUs other processes used while it was measured (more than BUSY_SHARE: used here, not kept)."""
+
+
+def _cpu_seconds() -> float | None:
+    """CPU seconds all processes have spent on this process's CPUs (/proc/stat, busy time: everything but idle and
+    iowait); None where that cannot be read."""
+    try:
+        mine = os.sched_getaffinity(0)
+        total = 0
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *vals = line.split()
+                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in mine:
+                    v = [int(x) for x in vals[:8]]
+                    total += sum(v) - v[3] - v[4]
+        return total / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def others_share(fn):
+    """Run fn(); return (its result, the share of this process's CPUs that other processes used meanwhile, or None
+    where /proc/stat cannot be read)."""
+    before, own, t = _cpu_seconds(), time.process_time(), time.perf_counter()
+    result = fn()
+    after, own, wall = _cpu_seconds(), time.process_time() - own, time.perf_counter() - t
+    if before is None or after is None or wall <= 0:
+        return result, None
+    return result, max(0.0, (after - before - own) / (wall * len(os.sched_getaffinity(0))))
+
+
+def machine() -> dict:
+    """What a kept plan is valid for: the CPU model, the CPUs this process may use, torch's threads and version, the
+    kernels available, and the rules that turn timings into plans."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    rules = json.dumps([ROWS, REPS, MARGIN, sorted(ROW_WEIGHT.items()), sorted(KERNELS)])
+    return {
+        "cpu": cpu,
+        "cpus": len(os.sched_getaffinity(0)),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "stream_kernel": cpukernels.available(),
+        "rules": hashlib.sha256(rules.encode()).hexdigest()[:12],
+    }
+
+
+def plans_file() -> Path:
+    """This machine's kept plans: DRAFTSMITH_CACHE/cpulayout/<hash of machine()>.json."""
+    key = hashlib.sha256(json.dumps(machine(), sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "cpulayout" / f"{key}.json"
+
+
+def _shape_key(in_features: int, out_features: int, dtype: torch.dtype) -> str:
+    return f"{in_features}x{out_features}/{str(dtype).removeprefix('torch.')}"
+
+
+def _read_kept() -> dict:
+    """The kept plans of this machine (shape key -> entry); {} where there are none or the file is unreadable."""
+    try:
+        kept = json.loads(plans_file().read_text())
+        return (
+            kept["plans"] if kept.get("machine") == machine() and isinstance(kept.get("plans"), dict) else {}
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _kept_plan(entry, dtype: torch.dtype, in_features: int) -> Plan | None:
+    """A kept entry as a Plan, or None where it does not make one this process can run."""
+    try:
+        plan = Plan(
+            entry["layout"], {int(r): k for r, k in entry["kernel_of"].items()}, float(entry["saving"])
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    usable = _candidates(dtype, in_features)
+    ok = plan.layout in DEFAULT and all(r in ROWS and k in usable for r, k in plan.kernel_of.items())
+    return plan if ok else None
+
+
+def _keep(key: str, plan: Plan, med: dict, share: float | None) -> None:
+    """Add a measured plan to this machine's file (read, merge, atomic write); a cache that cannot be written only
+    means the next process measures again."""
+    entry = {"layout": plan.layout, "kernel_of": {str(r): k for r, k in sorted(plan.kernel_of.items())},
+             "saving": plan.saving, "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "others_share": share,
+             "median_us": {str(n): {k: round(v * 1e6, 1) for k, v in m.items()} for n, m in med.items()}}  # fmt: skip
+    try:
+        path = plans_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"machine": machine(), "plans": {**_read_kept(), key: entry}})
+    except OSError:
+        pass
+
+
+def _retune() -> bool:
+    return os.environ.get("DRAFTSMITH_CPU_LAYOUT", "").strip().lower() == "retune"
+
+
 @torch.no_grad()
 def measure_shape(in_features: int, out_features: int, dtype: torch.dtype) -> Plan:
-    """The measured plan of a weight shape on this CPU (cached per process)."""
+    """The plan of a weight shape on this CPU: decided once per process, from this machine's kept plan where there is
+    one (unless DRAFTSMITH_CPU_LAYOUT=retune), else measured now and kept if the CPU was quiet meanwhile."""
     key = (in_features, out_features, dtype)
-    if key not in _DECISIONS:
-        _DECISIONS[key] = _choose(measure_medians(in_features, out_features, dtype))
-    return _DECISIONS[key]
+    if key in _DECISIONS:
+        return _DECISIONS[key]
+    name = _shape_key(*key)
+    plan = None if _retune() else _kept_plan(_read_kept().get(name), dtype, in_features)
+    _ORIGIN[key] = "kept"
+    if plan is None:
+        med, share = others_share(lambda: measure_medians(in_features, out_features, dtype))
+        plan = _choose(med)
+        if share is None or share <= BUSY_SHARE:
+            _keep(name, plan, med, share)
+            _ORIGIN[key] = "measured"
+        else:
+            _ORIGIN[key] = round(share, 3)
+    _DECISIONS[key] = plan
+    return plan
 
 
 @torch.no_grad()
@@ -242,11 +375,11 @@ def measure_medians(in_features: int, out_features: int, dtype: torch.dtype) -> 
 
 
 def enabled() -> bool:
-    """DRAFTSMITH_CPU_LAYOUT: auto (default) or off; anything else is refused in one line."""
+    """DRAFTSMITH_CPU_LAYOUT: auto (default), retune or off; anything else is refused in one line."""
     value = os.environ.get("DRAFTSMITH_CPU_LAYOUT", "auto").strip().lower()
-    if value not in ("auto", "off"):
+    if value not in ("auto", "retune", "off"):
         raise DraftsmithError(
-            f"DRAFTSMITH_CPU_LAYOUT={value!r} is not auto or off; unset it or set one of those"
+            f"DRAFTSMITH_CPU_LAYOUT={value!r} is not auto, retune or off; unset it or set one of those"
         )
     return value == "auto"
 
@@ -269,8 +402,9 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) ->
     doc). Copies in the other layout are kept in the order of what they save, up to `max_extra_bytes` in all
     (default: EXTRA_SHARE of the memory available now); a Linear whose copy does not fit keeps its own layout's
     kernels. Idempotent. Returns a summary: Linears changed, how many were re-laid out column-major, how many keep a
-    copy in the other layout, the extra MiB, how many copies did not fit, and per shape its layout and the row
-    counts of each kernel it runs."""
+    copy in the other layout, the extra MiB, how many copies did not fit, per shape its layout and the row counts of
+    each kernel it runs, and where the plans came from (kept on this machine, measured now, or measured while other
+    processes used the CPU: that share, per shape)."""
     summary = {
         "tuned": 0,
         "column_major": 0,
@@ -278,6 +412,7 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) ->
         "extra_mib": 0.0,
         "copies_left_out": 0,
         "kernels": {},
+        "plans": {"kept": 0, "measured": 0, "busy": {}},
     }
     if model is None or not enabled():
         return summary
@@ -293,6 +428,13 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) ->
     if not linears:
         return summary
     measured = {m: measure_shape(m.weight.shape[1], m.weight.shape[0], m.weight.dtype) for m in linears}
+    for key in {(m.weight.shape[1], m.weight.shape[0], m.weight.dtype) for m in linears}:
+        origin = _ORIGIN.get(key, "measured")
+        if isinstance(origin, float):
+            summary["plans"]["busy"][_shape_key(*key)] = origin
+        else:
+            summary["plans"][origin] += 1
+    summary["plans"]["file"] = str(plans_file())
     plans = dict(measured)  # the shape's plan, copy included, until memory says otherwise
     budget = int(EXTRA_SHARE * available_bytes()) if max_extra_bytes is None else max_extra_bytes
     for m in sorted((m for m in linears if plans[m].needs_copy), key=lambda m: -plans[m].saving):
@@ -351,8 +493,15 @@ def describe(summary: dict) -> str:
     kernels = sorted({k for v in summary["kernels"].values() for k in v if k in KERNELS})
     per_kernel = {k: sorted({r for v in summary["kernels"].values() for r in v.get(k, [])}) for k in kernels}
     others = "; ".join(f"{k} for {rows} rows" for k, rows in per_kernel.items())
+    plans = summary.get("plans", {})
+    origin = ", ".join(f"{plans[k]} {k}" for k in ("kept", "measured") if plans.get(k))
+    if plans.get("busy"):
+        worst = max(plans["busy"].values())
+        origin += f"{', ' if origin else ''}{len(plans['busy'])} measured on a busy CPU (others used up to "
+        origin += f"{worst:.0%}; not kept)"
     return (
         f"{summary['tuned']} Linears tuned, {summary['column_major']} column-major{'; ' + others if others else ''}; "
         f"a copy in the other layout in {summary['dual']} (+{summary['extra_mib']} MiB)"
         + (f", {summary['copies_left_out']} more did not fit" if summary.get("copies_left_out") else "")
+        + (f"; shape plans: {origin}" if origin else "")
     )

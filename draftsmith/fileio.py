@@ -17,6 +17,12 @@ from typing import Any
 from draftsmith.errors import DraftsmithError
 
 
+def cache_dir() -> Path:
+    """draftsmith's cache (assembled embedded models, dequantized GGUFs, measured CPU plans): $DRAFTSMITH_CACHE, by
+    default ~/.cache/draftsmith."""
+    return Path(os.environ.get("DRAFTSMITH_CACHE", Path.home() / ".cache" / "draftsmith"))
+
+
 def temp_path(path: str | os.PathLike) -> Path:
     path = Path(path)
     return path.with_name(f".tmp{os.getpid()}.{path.name}")

@@ -25,7 +25,7 @@ import torch
 
 from draftsmith.cpulayout import tune_linears
 from draftsmith.errors import DraftsmithError
-from draftsmith.fileio import atomic_write, write_text
+from draftsmith.fileio import atomic_write, cache_dir, write_text
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +112,6 @@ class ModelRef:
     @property
     def load_kwargs(self) -> dict:
         return {"gguf_file": self.gguf_file} if self.gguf_file else {}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("DRAFTSMITH_CACHE", Path.home() / ".cache" / "draftsmith"))
 
 
 def _embedded(name: str) -> ModelRef:

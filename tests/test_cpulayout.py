@@ -2,6 +2,11 @@
 really picks the layout the measurement chose, and speculative decoding on a re-laid target stays lossless."""
 
 import copy
+import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -97,7 +102,7 @@ def test_skips_trainable_and_respects_the_off_switch(forced, monkeypatch):
     other = nn.Sequential(nn.Linear(8, 8).requires_grad_(False))
     assert tune_linears(other)["tuned"] == 0 and type(other[0]) is nn.Linear
     monkeypatch.setenv("DRAFTSMITH_CPU_LAYOUT", "of")  # a typo is refused, not read as "on"
-    with pytest.raises(DraftsmithError, match="DRAFTSMITH_CPU_LAYOUT='of' is not auto or off"):
+    with pytest.raises(DraftsmithError, match="DRAFTSMITH_CPU_LAYOUT='of' is not auto, retune or off"):
         tune_linears(other)
 
 
@@ -224,3 +229,90 @@ def test_greedy_speculative_on_a_tuned_target_equals_plain_greedy_on_the_origina
         for proposer in (DraftModelProposer(tuned, 384), DraftModelProposer(other, 384), NGramProposer()):
             res = dec.generate(PROMPT, proposer, k=k, max_new_tokens=40)
             assert res.tokens[:40] == want, (k, proposer)
+
+
+@pytest.fixture
+def fresh_plans(monkeypatch, tmp_path):
+    """An empty plan cache and no decisions yet in this process."""
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+    monkeypatch.setattr(cpulayout, "_ORIGIN", {})
+    return tmp_path
+
+
+def test_a_plan_measured_on_a_quiet_cpu_is_kept_for_the_next_process(fresh_plans, monkeypatch):
+    monkeypatch.setattr(cpulayout, "others_share", lambda fn: (fn(), 0.02))
+    plan = measure_shape(48, 40, torch.float32)
+    kept = json.loads(cpulayout.plans_file().read_text())
+    assert kept["machine"] == cpulayout.machine()
+    entry = kept["plans"]["48x40/float32"]
+    assert entry["layout"] == plan.layout and set(entry["median_us"]) == {str(r) for r in ROWS}
+    # a new process: nothing decided yet, and measuring again would fail
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+
+    def no_measuring(*a):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(cpulayout, "measure_medians", no_measuring)
+    model = nn.Sequential(nn.Linear(48, 40)).requires_grad_(False)
+    summary = tune_linears(model)
+    assert cpulayout._DECISIONS[(48, 40, torch.float32)] == plan
+    assert summary["plans"]["kept"] == 1 and summary["plans"]["measured"] == 0
+    # another machine (here: another thread count) does not read these plans
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        with pytest.raises(AssertionError, match="measured again"):
+            measure_shape(48, 40, torch.float32)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_plan_measured_on_a_busy_cpu_is_used_but_not_kept(fresh_plans, monkeypatch):
+    monkeypatch.setattr(cpulayout, "others_share", lambda fn: (fn(), 0.6))
+    summary = tune_linears(nn.Sequential(nn.Linear(48, 40)).requires_grad_(False))
+    assert not cpulayout.plans_file().exists()
+    assert summary["plans"]["busy"] == {"48x40/float32": 0.6} and summary["plans"]["measured"] == 0
+    assert "1 measured on a busy CPU (others used up to 60%; not kept)" in cpulayout.describe(
+        {**summary, "tuned": 1}
+    )
+
+
+def test_retune_measures_again_and_a_bad_file_is_measured_over(fresh_plans, monkeypatch):
+    monkeypatch.setattr(cpulayout, "others_share", lambda fn: (fn(), 0.0))
+    calls = []
+    real = cpulayout.measure_medians
+    monkeypatch.setattr(cpulayout, "measure_medians", lambda *a: calls.append(a) or real(*a))
+    measure_shape(48, 40, torch.float32)
+    path = cpulayout.plans_file()
+    kept = json.loads(path.read_text())
+    kept["plans"]["48x40/float32"]["kernel_of"] = {"4": "no-such-kernel"}
+    path.write_text(json.dumps(kept))
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+    measure_shape(48, 40, torch.float32)  # an entry this process cannot run: measured again and replaced
+    assert len(calls) == 2
+    assert json.loads(path.read_text())["plans"]["48x40/float32"]["kernel_of"] != {"4": "no-such-kernel"}
+    path.write_text("{not json")
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+    measure_shape(48, 40, torch.float32)
+    assert len(calls) == 3 and "48x40/float32" in json.loads(path.read_text())["plans"]
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+    monkeypatch.setenv("DRAFTSMITH_CPU_LAYOUT", "retune")
+    measure_shape(48, 40, torch.float32)
+    assert len(calls) == 4
+
+
+def test_others_share_sees_a_process_that_spins_beside_it():
+    if cpulayout._cpu_seconds() is None:
+        pytest.skip("no /proc/stat here")
+    spin = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"]
+    )
+    try:
+        time.sleep(0.5)
+        _, share = cpulayout.others_share(lambda: time.sleep(1.5))
+    finally:
+        spin.wait()
+    # one spinning process holds one CPU: at least a third of a 2-CPU machine's, allowing for the scheduler
+    assert share is not None and share >= 0.8 / len(os.sched_getaffinity(0)) - 0.1
