@@ -10,10 +10,15 @@ in --losses is trained with every seed in --seeds from the SAME recipe: same dat
 (data.split_seed=0 whatever the seed); only loss.kind (and train.seed) change. `A>B@N` is a schedule: loss A for
 the first N optimizer steps, then B (loss.warmup_kind / loss.warmup_steps). Then ONE process loads the target once
 and decodes every checkpoint, each interleaved with plain decoding, on prompts no run tuned on (dev-eval by
-default), greedy and at temperature 1, at the draft length --k. Written to OUT/<trainer>/:
+default), greedy and at temperature 1, at the draft length --k. --prompts may name more sets, comma-separated: the
+first is the one the table ranks by; the others are measured the same way and shown beside it (loss_ablation.sh adds
+training prompts the data did not use: the distribution the trainer's held-out prediction is taken on, so a gap
+between predicted and measured tau splits into the prediction's own error and the shift to the evaluation prompts).
+Written to OUT/<trainer>/:
 
   runs/<loss>-s<seed>/     the training runs (a rerun skips finished runs and resumes unfinished ones)
-  measured-t<T>.json        the decoder's numbers per checkpoint (a rerun skips a temperature already measured)
+  measured-t<T>.json        the decoder's numbers per checkpoint on the first prompt set (measured-<set>-t<T>.json
+                            on the others; a rerun skips what was measured with the same drafters and settings)
   ablation.json / .md / .png  per loss: measured tau mean and spread over seeds, alpha_1, speedup, and the
                               trainer's predicted tau beside the measured one
 
@@ -168,13 +173,18 @@ def measure(args, cells: list[Cell]) -> dict[float, dict]:
 
     target_spec = _target(args)
     results, todo = {}, []
-    for t in args.temperatures:
-        f = args.out / args.trainer / f"measured-t{t:g}.json"
-        have = json.loads(f.read_text()) if f.is_file() else None
-        if have and sorted(have["drafters"]) == sorted(c.run.name for c in cells):
-            results[t] = have
-        else:
-            todo.append(t)
+    for src in args.prompt_sets:
+        for t in args.temperatures:
+            f = measured_path(args, src, t)
+            have = json.loads(f.read_text()) if f.is_file() else None
+            same = have and sorted(have["drafters"]) == sorted(c.run.name for c in cells) and all(
+                have.get(k) == v for k, v in
+                (("prompts", src), ("k", args.k), ("max_new_tokens", args.max_new_tokens), ("limit", args.limit))
+            )  # fmt: skip
+            if same:
+                results[(src, t)] = have
+            else:
+                todo.append((src, t))
     if not todo:
         return results
     tok = models.load_tokenizer(target_spec)
@@ -184,24 +194,36 @@ def measure(args, cells: list[Cell]) -> dict[float, dict]:
     )
     spec = TRAINERS[args.trainer].spec
     decoder = SpeculativeDecoder(target, tok)
-    prompts = load_prompts(args.prompts, limit=args.limit)
-    encoded = [torch.tensor([prompt_ids(tok, p)]) for p in prompts]
     drafters = [
         NamedDrafter(c.run.name, build_proposer(spec.format(final=c.run.final), ctx, k=args.k), args.k)
         for c in cells
     ]
-    for t in todo:
+    for src, t in todo:
+        prompts = load_prompts(src, limit=args.limit)
+        encoded = [torch.tensor([prompt_ids(tok, p)]) for p in prompts]
         settings = EvalSettings(k=args.k, temperature=t, max_new_tokens=args.max_new_tokens, limit=args.limit)
         print(
-            f"measuring {len(drafters)} checkpoints at T={t:g} ({len(prompts)} prompts, one run)", flush=True
+            f"measuring {len(drafters)} checkpoints at T={t:g} on {src} ({len(prompts)} prompts, one run)",
+            flush=True,
         )
         res = decode_measure(decoder, drafters, prompts, encoded, settings, progress=False)
         rows = {name: {k: v for k, v in r.items() if k != "prompts"} for name, r in res["drafters"].items()}
-        results[t] = {"temperature": t, "k": args.k, "target": target_spec, "prompts": args.prompts,
-                      "n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "dtype": str(target.dtype),
-                      "date": time.strftime("%Y-%m-%d"), "plain": res["plain"], "drafters": rows}  # fmt: skip
-        write_json(args.out / args.trainer / f"measured-t{t:g}.json", results[t])
+        results[(src, t)] = {"temperature": t, "k": args.k, "target": target_spec, "prompts": src,
+                             "limit": args.limit, "n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                             "dtype": str(target.dtype), "date": time.strftime("%Y-%m-%d"), "plain": res["plain"],
+                             "drafters": rows}  # fmt: skip
+        write_json(measured_path(args, src, t), results[(src, t)])
     return results
+
+
+def set_label(src: str) -> str:
+    """A prompt set's short name: builtin:dev-eval -> dev-eval, a file -> its stem."""
+    return src.split(":", 1)[1] if src.startswith("builtin:") else Path(src).name.split(".")[0]
+
+
+def measured_path(args, src: str, t: float) -> Path:
+    tag = "" if src == args.prompt_sets[0] else f"{set_label(src)}-"
+    return args.out / args.trainer / f"measured-{tag}t{t:g}.json"
 
 
 def _target(args) -> str:
@@ -218,16 +240,24 @@ def _spread(xs: list[float]) -> float:
 def aggregate(args, cells: list[Cell], measured: dict[float, dict]) -> dict:
     """Per loss and temperature: tau mean +- half-range over seeds, alpha_1, speedup; predicted tau beside it."""
     table = {}
+    primary, others = args.prompt_sets[0], args.prompt_sets[1:]
     for loss in args.losses:
         mine = [c for c in cells if c.loss == loss]
+        preds = [predicted(c.run.out, args.trainer, args.k) for c in mine]
         entry = {}
-        for t, m in measured.items():
+        for t in args.temperatures:
+            m = measured[(primary, t)]
             got = [m["drafters"][c.run.name] for c in mine]
             taus = [g["tau"] for g in got]
             alpha1 = [g["alpha_per_position"][0] for g in got if g.get("alpha_per_position")]
-            preds = [predicted(c.run.out, args.trainer, args.k) for c in mine]
             key = "tau_greedy" if t == 0 else "tau_t1"
             pred = [p[key] for p in preds if p.get(key) is not None]
+            also = {}
+            for src in others:
+                tau_o = [measured[(src, t)]["drafters"][c.run.name]["tau"] for c in mine]
+                also[set_label(src)] = {"tau_mean": statistics.mean(tau_o), "tau_spread": _spread(tau_o),
+                                        "predicted_over_measured": statistics.mean(pred) / statistics.mean(tau_o)
+                                        if pred else None}  # fmt: skip
             entry[f"t{t:g}"] = {
                 "tau_mean": statistics.mean(taus),
                 "tau_spread": _spread(taus),
@@ -238,6 +268,7 @@ def aggregate(args, cells: list[Cell], measured: dict[float, dict]) -> dict:
                 "lossless": [g.get("lossless") for g in got] if t == 0 else None,
                 "predicted_tau_mean": statistics.mean(pred) if pred else None,
                 "predicted_over_measured": statistics.mean(pred) / statistics.mean(taus) if pred else None,
+                "also": also,
             }
         table[loss] = entry
     return table
@@ -245,22 +276,34 @@ def aggregate(args, cells: list[Cell], measured: dict[float, dict]) -> dict:
 
 def report(args, table: dict, measured: dict) -> str:
     base = "fkl" if "fkl" in table else next(iter(table))
-    some = next(iter(measured.values()))
+    primary = args.prompt_sets[0]
+    some = measured[(primary, args.temperatures[0])]
+    sizes = ", ".join(
+        f"{measured[(s, args.temperatures[0])]['n_prompts']} of {s}" for s in args.prompt_sets[1:]
+    )
+    labels = [set_label(s) for s in args.prompt_sets[1:]]
     lines = [f"# Loss ablation: {args.trainer} ({args.config})", "",
-             f"Target {some['target']} ({some['dtype']}), {some['n_prompts']} prompts of {args.prompts}, "
-             f"{args.max_new_tokens} new tokens, k={args.k}, seeds {', '.join(map(str, args.seeds))} "
-             f"(spread = half the range over seeds), measured {some['date']}. tau includes the bonus token. "
-             f"Predicted tau: the trainer's last held-out eval (chain estimate).", "",
-             "| loss | T | measured tau (mean ± spread) | vs " + base + " | alpha_1 | speedup | predicted tau | predicted / measured |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             f"Target {some['target']} ({some['dtype']}), {some['n_prompts']} prompts of {primary}"
+             + (f" (also: {sizes})" if sizes else "") + f", {args.max_new_tokens} new tokens, k={args.k}, seeds "
+             f"{', '.join(map(str, args.seeds))} (spread = half the range over seeds), measured {some['date']}. tau "
+             f"includes the bonus token. Predicted tau: the trainer's last held-out eval (chain estimate).", "",
+             "| loss | T | measured tau (mean ± spread) | vs " + base + " | alpha_1 | speedup | predicted tau | "
+             "predicted / measured |" + "".join(f" tau on {x} | predicted / that |" for x in labels),
+             "|---|---|---|---|---|---|---|---|" + "---|---|" * len(labels)]  # fmt: skip
     for loss, entry in table.items():
         for t, e in entry.items():
             ref = table[base][t]["tau_mean"]
             pred = "–" if e["predicted_tau_mean"] is None else f"{e['predicted_tau_mean']:.2f}"
             ratio = "–" if e["predicted_over_measured"] is None else f"{e['predicted_over_measured']:.2f}"
             a1 = "–" if e["alpha1_mean"] is None else f"{e['alpha1_mean']:.2f}"
+            also = "".join(
+                f" {o['tau_mean']:.3f} ± {o['tau_spread']:.3f} | "
+                + ("–" if o["predicted_over_measured"] is None else f"{o['predicted_over_measured']:.2f}")
+                + " |"
+                for o in (e["also"][x] for x in labels)
+            )
             lines.append(f"| {loss} | {t[1:]} | {e['tau_mean']:.3f} ± {e['tau_spread']:.3f} | {e['tau_mean'] / ref:.3f} | "
-                         f"{a1} | {e['speedup_mean']:.2f}× ± {e['speedup_spread']:.2f} | {pred} | {ratio} |")  # fmt: skip
+                         f"{a1} | {e['speedup_mean']:.2f}× ± {e['speedup_spread']:.2f} | {pred} | {ratio} |{also}")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -293,7 +336,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--losses", default=None, help="comma list; default: every loss the trainer offers")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--set", action="append", default=[], help="recipe override for every run (repeatable)")
-    ap.add_argument("--prompts", default="builtin:dev-eval")
+    ap.add_argument(
+        "--prompts", default="builtin:dev-eval", help="comma list of prompt sets; the first ranks"
+    )
     ap.add_argument("--limit", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=None, help="draft length (default: the trainer's usual one)")
@@ -321,8 +366,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         raise SystemExit("error: --k, --limit and --max-new-tokens must be >= 1")
     from draftsmith.errors import DraftsmithError
     from draftsmith.fileio import check_output_dir
+    from draftsmith.prompts import load_prompts
 
+    args.prompt_sets = [x for x in args.prompts.split(",") if x]
+    labels = [set_label(x) for x in args.prompt_sets]
+    if not args.prompt_sets or len(set(labels)) != len(labels):
+        raise SystemExit(
+            f"error: --prompts {args.prompts!r}: name one or more prompt sets with distinct names"
+        )
     try:
+        for src in args.prompt_sets:
+            load_prompts(src, limit=args.limit)  # a missing or empty set is refused before any run trains
         check_output_dir(args.out, flag="OUT")  # before any run trains
     except DraftsmithError as e:
         raise SystemExit(f"error: {e}") from None

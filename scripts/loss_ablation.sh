@@ -4,7 +4,8 @@
 #   bash scripts/loss_ablation.sh OUT eagle3  [loss_ablation.py options]   # the EAGLE-3 CPU recipe, shortened
 # The training data is generated once under OUT/data (the recipes' own generate commands), every run of a trainer
 # reads the same data (EAGLE-3 runs share one hidden-state cache), then scripts/loss_ablation.py trains each loss
-# with two seeds and measures every checkpoint in one decoder run (greedy and T=1). Writes OUT/<trainer>/ablation.*.
+# with two seeds and measures every checkpoint in one decoder run (greedy and T=1) on dev-eval and, for the draft
+# LM, also on training prompts its data did not use. Writes OUT/<trainer>/ablation.*.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash scripts/loss_ablation.sh OUT distill|eagle3 [options]}
@@ -17,7 +18,16 @@ case "$TRAINER" in
     "$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit 400 \
       --max-new-tokens 80 --max-prompt-tokens 160 --skip-long --out "$data"
     # the target scores the data once for every loss and seed (the recipe keeps its top-64 logits per token)
-    sets=(--set "data.source=[$data,builtin:train-text]" --set "data.target_topk_file=$OUT/data/quickstart-top64.safetensors") ;;
+    sets=(--set "data.source=[$data,builtin:train-text]" --set "data.target_topk_file=$OUT/data/quickstart-top64.safetensors")
+    # training prompts the data above did not use (it took the first 400): measured beside dev-eval, they are the
+    # distribution the trainer's held-out prediction is taken on
+    heldout="$OUT/data/train-heldout.jsonl"
+    [ -f "$heldout" ] || "$PY" -c "import json, sys
+from draftsmith.fileio import write_text
+from draftsmith.prompts import load_prompts
+write_text(sys.argv[1], ''.join(json.dumps({'messages': p.messages, 'category': p.category}) + '\n'
+                                for p in load_prompts('builtin:train')[400:464]))" "$heldout"
+    sets+=(--prompts "builtin:dev-eval,$heldout") ;;
   eagle3)
     data="$OUT/data/heads"
     "$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit 1275 \

@@ -61,6 +61,11 @@ def test_dry_run_validates_and_writes_nothing(tiny_setup, capsys):
         (["--losses", "fkl,fkl"], "must not repeat"),
         (["--seeds", "0,x"], "comma lists of numbers"),
         (["--set", "train.lr=oops"], "error: fkl-s0:"),
+        (
+            ["--prompts", "builtin:dev-eval,/no/such/prompts.jsonl"],
+            "prompt file /no/such/prompts.jsonl not found",
+        ),
+        (["--prompts", "builtin:dev-eval,builtin:dev-eval"], "distinct names"),
     ],
 )
 def test_bad_arguments_are_one_line_before_anything_is_written(tiny_setup, extra, message):
@@ -80,7 +85,11 @@ def test_bad_arguments_are_one_line_before_anything_is_written(tiny_setup, extra
 def test_trains_every_loss_and_seed_then_measures_them_in_one_run(tiny_setup, capsys):
     root, sets, _ = tiny_setup
     out = root / "full"
-    argv = _args(out, sets, "--losses", "fkl,tvd", "--temperatures", "0,1")
+    heldout = root / "heldout.jsonl"
+    heldout.write_text("\n".join(json.dumps({"prompt": f"Weigh the pears in crate {i}."}) for i in range(3)))
+    argv = _args(
+        out, sets, "--losses", "fkl,tvd", "--temperatures", "0,1", "--prompts", f"builtin:dev-eval,{heldout}"
+    )
     assert loss_ablation.main(argv) == 0
     runs = out / "distill" / "runs"
     assert sorted(p.name for p in runs.iterdir()) == ["fkl-s0", "fkl-s1", "tvd-s0", "tvd-s1"]
@@ -96,7 +105,15 @@ def test_trains_every_loss_and_seed_then_measures_them_in_one_run(tiny_setup, ca
         assert table[loss]["t0"]["lossless"] == [True, True]  # greedy speculative == greedy plain
     measured = json.loads((out / "distill" / "measured-t0.json").read_text())
     assert sorted(measured["drafters"]) == ["fkl-s0", "fkl-s1", "tvd-s0", "tvd-s1"]
-    assert (out / "distill" / "ablation.md").read_text().count("| fkl |") == 2
+    assert measured["prompts"] == "builtin:dev-eval" and measured["n_prompts"] == 2
+    # the second prompt set: measured the same way, shown beside the first
+    also = json.loads((out / "distill" / "measured-heldout-t1.json").read_text())
+    assert also["prompts"] == str(heldout) and sorted(also["drafters"]) == sorted(measured["drafters"])
+    for loss in ("fkl", "tvd"):
+        got = [also["drafters"][f"{loss}-s{s}"]["tau"] for s in (0, 1)]
+        assert table[loss]["t1"]["also"]["heldout"]["tau_mean"] == pytest.approx(sum(got) / 2)
+    md = (out / "distill" / "ablation.md").read_text()
+    assert md.count("| fkl |") == 2 and "tau on heldout" in md
     # a rerun trains nothing and measures nothing again
     before = {p: p.stat().st_mtime_ns for p in (out / "distill").glob("measured-*.json")}
     capsys.readouterr()
