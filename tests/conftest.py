@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -10,12 +12,26 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DRAFTSMITH_CPU_DTYPE", "float32")
 
 
+_OWN_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    # one cache for the whole run, set before any fixture of any scope loads a model: dequantized GGUF copies and
+    # measured CPU plans (cpulayout) never reach the user's ~/.cache/draftsmith
+    if "DRAFTSMITH_CACHE" not in os.environ:
+        _OWN_CACHE.append(tempfile.mkdtemp(prefix="draftsmith-test-cache-"))
+        os.environ["DRAFTSMITH_CACHE"] = _OWN_CACHE[0]
+
+
+def pytest_unconfigure(config):
+    for path in _OWN_CACHE:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    # keep dequantized GGUF copies shared across tests (slow to rebuild), everything else per test
-    monkeypatch.setenv(
-        "DRAFTSMITH_CACHE", os.environ.get("DRAFTSMITH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-    )
+def _isolated_cache(monkeypatch):
+    # a test that changes DRAFTSMITH_CACHE gets it back afterwards
+    monkeypatch.setenv("DRAFTSMITH_CACHE", os.environ["DRAFTSMITH_CACHE"])
 
 
 @pytest.fixture(scope="session")
