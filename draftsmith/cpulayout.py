@@ -320,10 +320,6 @@ def _keep(key: str, plan: Plan, med: dict, share: float | None) -> None:
         pass
 
 
-def _retune() -> bool:
-    return os.environ.get("DRAFTSMITH_CPU_LAYOUT", "").strip().lower() == "retune"
-
-
 @torch.no_grad()
 def measure_shape(in_features: int, out_features: int, dtype: torch.dtype) -> Plan:
     """The plan of a weight shape on this CPU: decided once per process, from this machine's kept plan where there is
@@ -332,7 +328,7 @@ def measure_shape(in_features: int, out_features: int, dtype: torch.dtype) -> Pl
     if key in _DECISIONS:
         return _DECISIONS[key]
     name = _shape_key(*key)
-    plan = None if _retune() else _kept_plan(_read_kept().get(name), dtype, in_features)
+    plan = None if mode() == "retune" else _kept_plan(_read_kept().get(name), dtype, in_features)
     _ORIGIN[key] = "kept"
     if plan is None:
         med, share = others_share(lambda: measure_medians(in_features, out_features, dtype))
@@ -374,14 +370,19 @@ def measure_medians(in_features: int, out_features: int, dtype: torch.dtype) -> 
     return med
 
 
-def enabled() -> bool:
+def mode() -> str:
     """DRAFTSMITH_CPU_LAYOUT: auto (default), retune or off; anything else is refused in one line."""
     value = os.environ.get("DRAFTSMITH_CPU_LAYOUT", "auto").strip().lower()
     if value not in ("auto", "retune", "off"):
         raise DraftsmithError(
             f"DRAFTSMITH_CPU_LAYOUT={value!r} is not auto, retune or off; unset it or set one of those"
         )
-    return value == "auto"
+    return value
+
+
+def enabled() -> bool:
+    """The layout is applied: DRAFTSMITH_CPU_LAYOUT is auto or retune."""
+    return mode() != "off"
 
 
 def available_bytes() -> int:

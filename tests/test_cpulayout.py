@@ -301,6 +301,9 @@ def test_retune_measures_again_and_a_bad_file_is_measured_over(fresh_plans, monk
     monkeypatch.setenv("DRAFTSMITH_CPU_LAYOUT", "retune")
     measure_shape(48, 40, torch.float32)
     assert len(calls) == 4
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+    summary = tune_linears(nn.Sequential(nn.Linear(48, 40)).requires_grad_(False))  # retune still tunes
+    assert len(calls) == 5 and summary["plans"]["measured"] == 1
 
 
 def test_others_share_sees_a_process_that_spins_beside_it():
