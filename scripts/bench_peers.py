@@ -66,6 +66,33 @@ def hf_methods(target, tok, dec: SpeculativeDecoder, draft, max_new_tokens: int,
     }
 
 
+def ds_methods(
+    dec: SpeculativeDecoder,
+    draft,
+    k: int,
+    max_new_tokens: int,
+    *,
+    vocab_ids=None,
+    stop_below: float = 0.0,
+    ngram: tuple[int, int] | None = None,
+    ngram_k: int = 10,
+) -> dict:
+    """draftsmith's own greedy decoding of the decoder's target, through the calls users make: plain, with `draft` as
+    its `draft:` drafter (k tokens a step) and, given `ngram` = (max, min), with the n-gram drafter (ngram_k tokens).
+    Run in the same loop as hf_methods, so every ratio between the two comes from the same moments of the CPU."""
+
+    def ds(proposer, kk):
+        return lambda ids: dec.generate(ids, proposer, k=kk, max_new_tokens=max_new_tokens).tokens
+
+    methods = {
+        "ds_plain": ds(None, 1),
+        "ds_draft": ds(DraftModelProposer(draft, dec.target.config.vocab_size, vocab_ids, stop_below), k),
+    }
+    if ngram is not None:
+        methods["ds_ngram"] = ds(NGramProposer(*ngram), ngram_k)
+    return methods
+
+
 def run_interleaved(methods: dict, encoded: list[torch.Tensor], target, dev) -> tuple[dict, dict, dict, dict]:
     """Every method on every prompt, in an order rotated per prompt; prompt 0 is a warm-up (not counted). Returns
     per method: new tokens, seconds, prompts whose output equals the first method's (the reference), and how many
@@ -157,15 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     dec = SpeculativeDecoder(target, tok)
     ngram_max, ngram_min = (int(x) for x in args.ngram.split(","))
     methods = hf_methods(target, tok, dec, draft, args.max_new_tokens, args.pld_tokens)
-
-    def ds(proposer, k):
-        return lambda ids: dec.generate(ids, proposer, k=k, max_new_tokens=args.max_new_tokens).tokens
-
-    methods.update(
-        ds_plain=ds(None, 1),
-        ds_draft=ds(DraftModelProposer(draft, target.config.vocab_size, vocab_ids, args.stop_below), args.k),
-        ds_ngram=ds(NGramProposer(ngram_max, ngram_min), args.ngram_k or args.pld_tokens),
-    )
+    methods.update(ds_methods(dec, draft, args.k, args.max_new_tokens, vocab_ids=vocab_ids, stop_below=args.stop_below,
+                              ngram=(ngram_max, ngram_min), ngram_k=args.ngram_k or args.pld_tokens))  # fmt: skip
     names = list(methods)
     tokens, seconds, same, ties = run_interleaved(methods, encoded, target, dev)
     mx, ngram_k = args.max_new_tokens, args.ngram_k or args.pld_tokens

@@ -56,3 +56,28 @@ def test_skip_leaves_out_a_recipe_and_the_layer_skip_search(tmp_path, capsys):
     assert showcase.main([str(out), "--dry", "--skip", "draft-0.5b-as-is-vocab32k", "--skip", "ngram"]) == 0
     text = capsys.readouterr().out
     assert "bench draft-0.5b-as-is:" in text and "as-is-vocab32k" not in text and "bench ngram" not in text
+
+
+def test_report_compares_the_libraries_within_the_loop_only():
+    """The draftsmith / transformers ratios come from the interleaved loop (ds_* beside hf_*), not from the drafters'
+    bench minutes earlier: here that bench ran at half the speed, and the ratio must not move with it."""
+    cond = {"hardware": "CPU", "dtype": "float32", "cpu_layout": "off", "prompts": "p", "max_new_tokens": 8}
+    draft = {"k": 4, "tau": 3.0, "alpha_per_position": [0.8, 0.7, None, 0.6], "draft_cost_per_token": 0.4,
+             "draft_flop_share": 0.7, "draft_weight_share": 0.3, "speedup": 0.9, "lossless": True, "conditions": cond}  # fmt: skip
+    peers = {"hf_plain": 2.0, "hf_assistant": 1.6, "hf_prompt_lookup": 1.5, "ds_plain": 2.2, "ds_draft": 2.0}
+    res = {
+        "date": "2026-12-02",
+        "n_prompts": 2,
+        "drafters": {
+            "plain_tokens_per_s": 1.0,
+            "plain_ms_per_step": 1000.0,
+            "drafters": {"draft-0.5b-as-is": draft},
+        },
+        "peers": {
+            n: {"tokens_per_s": v, "identical_to_hf_plain": 2, "near_ties": 0} for n, v in peers.items()
+        },
+    }
+    text = showcase.report(res)
+    assert "| draft-0.5b-as-is | 4 | 3.00 | 0.80 0.70 - 0.60 |" in text
+    assert "| ds_draft | 2.00 | 1.00x | 2/2 |" in text
+    assert "same loop: 1.25x (plain decoding: draftsmith / transformers 1.10x)" in text
