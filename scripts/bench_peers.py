@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'method':18s} {'tok/s':>8s} {'vs hf_plain':>12s} {'== hf_plain greedy':>20s} {'near-tie':>9s}")
     for n in names:
         print(
-            f"{n:18s} {tps[n]:8.1f} {tps[n] / tps['hf_plain']:11.2f}x {same[n]:>14d}/{n_timed} {ties[n]:>9d}"
+            f"{n:18s} {tps[n]:8.2f} {tps[n] / tps['hf_plain']:11.2f}x {same[n]:>14d}/{n_timed} {ties[n]:>9d}"
         )
     print(
         "(near-tie: the output leaves hf_plain where the target's two candidate logits are within rounding "
