@@ -183,12 +183,13 @@ def main(argv: list[str] | None = None) -> None:
 
     dec = SpeculativeDecoder(target, tok)
     ngram_max, ngram_min = (int(x) for x in args.ngram.split(","))
+    ngram_k = args.ngram_k or args.pld_tokens
     methods = hf_methods(target, tok, dec, draft, args.max_new_tokens, args.pld_tokens)
     methods.update(ds_methods(dec, draft, args.k, args.max_new_tokens, vocab_ids=vocab_ids, stop_below=args.stop_below,
-                              ngram=(ngram_max, ngram_min), ngram_k=args.ngram_k or args.pld_tokens))  # fmt: skip
+                              ngram=(ngram_max, ngram_min), ngram_k=ngram_k))  # fmt: skip
     names = list(methods)
     tokens, seconds, same, ties = run_interleaved(methods, encoded, target, dev)
-    mx, ngram_k = args.max_new_tokens, args.ngram_k or args.pld_tokens
+    mx = args.max_new_tokens
     tps = {n: tokens[n] / seconds[n] for n in names}
     n_timed = len(encoded) - 1
     print(
