@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
-from recipe_runs import ROOT, RecipeRun, config_class
+from recipe_runs import ROOT, RecipeRun, config_class, guarded
+
+from draftsmith.errors import DraftsmithError
 
 
 @dataclass(frozen=True)
@@ -71,15 +73,15 @@ def parse_loss(loss: str, trainer: str) -> tuple[str, str | None, int]:
     first, sched, rest = loss.partition(">")
     then, _, steps = rest.partition("@")
     if sched and (not TRAINERS[trainer].schedules or not steps.isdigit() or int(steps) < 1):
-        raise SystemExit(
-            f"error: --losses {loss!r}: " + ("use A>B@STEPS, e.g. fkl>tvd@60 (fkl for 60 steps, then tvd)"
+        raise DraftsmithError(
+            f"--losses {loss!r}: " + ("use A>B@STEPS, e.g. fkl>tvd@60 (fkl for 60 steps, then tvd)"
             if TRAINERS[trainer].schedules else f"the {trainer} trainer has no loss schedule; use single losses")
         )  # fmt: skip
     offered = trainer_losses(trainer)
     for name in (first, then) if sched else (first,):
         if name not in offered:
-            raise SystemExit(
-                f"error: --losses: {name!r} is not a {trainer} loss; offered: {', '.join(offered)}"
+            raise DraftsmithError(
+                f"--losses: {name!r} is not a {trainer} loss; offered: {', '.join(offered)}"
             )
     return (then, first, int(steps)) if sched else (first, None, 0)
 
@@ -348,42 +350,41 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     tr = TRAINERS[args.trainer]
     args.config = args.config or ROOT / tr.config
     if not args.config.is_file():
-        raise SystemExit(f"error: --config {args.config} not found; pass a recipe YAML")
+        raise DraftsmithError(f"--config {args.config} not found; pass a recipe YAML")
     args.losses = [x for x in (args.losses or ",".join(trainer_losses(args.trainer))).split(",") if x]
     try:
         args.seeds = [int(s) for s in args.seeds.split(",")]
         args.temperatures = [float(t) for t in args.temperatures.split(",")]
     except ValueError:
-        raise SystemExit(
-            "error: --seeds and --temperatures are comma lists of numbers, e.g. --seeds 0,1"
+        raise DraftsmithError(
+            "--seeds and --temperatures are comma lists of numbers, e.g. --seeds 0,1"
         ) from None
     if len(set(args.seeds)) != len(args.seeds) or len(set(args.losses)) != len(args.losses):
-        raise SystemExit("error: --seeds and --losses must not repeat an entry")
+        raise DraftsmithError("--seeds and --losses must not repeat an entry")
     if any(t < 0 or t != t for t in args.temperatures):
-        raise SystemExit("error: --temperatures must be >= 0 (0 = greedy)")
+        raise DraftsmithError("--temperatures must be >= 0 (0 = greedy)")
     args.k = args.k or tr.k
     if args.k < 1 or args.limit < 1 or args.max_new_tokens < 1:
-        raise SystemExit("error: --k, --limit and --max-new-tokens must be >= 1")
-    from draftsmith.errors import DraftsmithError
+        raise DraftsmithError("--k, --limit and --max-new-tokens must be >= 1")
     from draftsmith.fileio import check_output_dir
     from draftsmith.prompts import load_prompts
 
     args.prompt_sets = [x for x in args.prompts.split(",") if x]
     labels = [set_label(x) for x in args.prompt_sets]
     if not args.prompt_sets or len(set(labels)) != len(labels):
-        raise SystemExit(
-            f"error: --prompts {args.prompts!r}: name one or more prompt sets with distinct names"
-        )
-    try:
-        for src in args.prompt_sets:
-            load_prompts(src, limit=args.limit)  # a missing or empty set is refused before any run trains
-        check_output_dir(args.out, flag="OUT")  # before any run trains
-    except DraftsmithError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise DraftsmithError(f"--prompts {args.prompts!r}: name one or more prompt sets with distinct names")
+    for src in args.prompt_sets:
+        load_prompts(src, limit=args.limit)  # a missing or empty set is refused before any run trains
+    check_output_dir(args.out, flag="OUT")  # before any run trains
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Bad input: one `error: ...` line, exit status 2, nothing written; a failed step: one line, status 1."""
+    return guarded(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse(argv)
     cells = plan(args)
     states = [c.run.state() for c in cells]

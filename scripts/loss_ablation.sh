@@ -15,27 +15,33 @@ PY=${PYTHON:-.venv/bin/python}
 case "$TRAINER" in
   distill)
     data="$OUT/data/quickstart"
-    "$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit 400 \
-      --max-new-tokens 80 --max-prompt-tokens 160 --skip-long --out "$data"
     # the target scores the data once for every loss and seed (the recipe keeps its top-64 logits per token)
     sets=(--set "data.source=[$data,builtin:train-text]" --set "data.target_topk_file=$OUT/data/quickstart-top64.safetensors")
-    # training prompts the data above did not use (it took the first 400): measured beside dev-eval, they are the
+    # training prompts the data did not use (it takes the first 400): measured beside dev-eval, they are the
     # distribution the trainer's held-out prediction is taken on
     heldout="$OUT/data/train-heldout.jsonl"
-    [ -f "$heldout" ] || "$PY" -c "import json, sys
+    limit=400 ;;
+  eagle3)
+    data="$OUT/data/heads"
+    # 200 of the recipe's 600 steps and 1,500 of its 6,773 text pairs (a 2-core fp32 budget); the target states a
+    # run computes are cached (hybrid) in one folder every later loss and seed reads
+    sets=(--set "data.source=[$data,builtin:train-text]" --set "data.limit=[null,1500]" --set train.max_steps=200
+          --set data.hidden_states=hybrid --set "data.hidden_cache=$OUT/data/eagle3-cache")
+    limit=1275 ;;
+  *) echo "error: trainer must be distill or eagle3, got $TRAINER; pass one of them second" >&2; exit 2 ;;
+esac
+# every argument and recipe override is checked (a dry plan, nothing written) before the data is generated;
+# --dry stops there
+for a in "$@"; do [ "$a" = --dry ] && exec "$PY" scripts/loss_ablation.py "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@"; done
+"$PY" scripts/loss_ablation.py "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@" --dry > /dev/null
+"$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit "$limit" \
+  --max-new-tokens 80 --max-prompt-tokens 160 --skip-long --out "$data"
+if [ "$TRAINER" = distill ]; then
+  [ -f "$heldout" ] || "$PY" -c "import json, sys
 from draftsmith.fileio import write_text
 from draftsmith.prompts import load_prompts
 write_text(sys.argv[1], ''.join(json.dumps({'messages': p.messages, 'category': p.category}) + '\n'
                                 for p in load_prompts('builtin:train')[400:464]))" "$heldout"
-    sets+=(--prompts "builtin:dev-eval,$heldout") ;;
-  eagle3)
-    data="$OUT/data/heads"
-    "$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit 1275 \
-      --max-new-tokens 80 --max-prompt-tokens 160 --skip-long --out "$data"
-    # 200 of the recipe's 600 steps and 1,500 of its 6,773 text pairs (a 2-core fp32 budget); the target states a
-    # run computes are cached (hybrid) in one folder every later loss and seed reads
-    sets=(--set "data.source=[$data,builtin:train-text]" --set "data.limit=[null,1500]" --set train.max_steps=200
-          --set data.hidden_states=hybrid --set "data.hidden_cache=$OUT/data/eagle3-cache") ;;
-  *) echo "error: trainer must be distill or eagle3, got $TRAINER" >&2; exit 2 ;;
-esac
+  sets+=(--prompts "builtin:dev-eval,$heldout")
+fi
 exec "$PY" scripts/loss_ablation.py "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@"

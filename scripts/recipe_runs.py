@@ -5,6 +5,10 @@ checkpoint or metrics: a run stopped before its first checkpoint restarts at ste
 `run()` trains a new run, resumes an unfinished one (the trainer's own --resume) and leaves a finished one alone, so
 rerunning the calling script after a stop (or kill -9) continues where it was. Recipes are validated strictly (every
 override) before anything runs. Used by scripts/loss_ablation.py and scripts/showcase.py.
+
+Exit statuses, as draftsmith's own commands: bad input (a `DraftsmithError`, raised before anything is written) is
+one `error: ...` line and status 2 (`guarded`); a training or bench step that fails at run time is one line and
+status 1 (`SystemExit`).
 """
 
 from __future__ import annotations
@@ -12,11 +16,23 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftsmith.errors import DraftsmithError
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = {"distill": "train/distill.py", "heads": "train/heads.py"}
+
+
+def guarded(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    """`main(argv)`, with bad input (a DraftsmithError) printed as one `error: ...` line and returned as status 2."""
+    try:
+        return main(argv)
+    except DraftsmithError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
 
 
 def config_class(trainer: str):
@@ -48,12 +64,11 @@ class RecipeRun:
     def validate(self):
         """The recipe with every override, strictly (a bad key or value is one error line); returns the config."""
         from draftsmith.config import load_config
-        from draftsmith.errors import DraftsmithError
 
         try:
             return load_config(config_class(self.trainer), str(self.config), self.argv)
         except DraftsmithError as e:
-            raise SystemExit(f"error: {self.name}: {e}") from None
+            raise DraftsmithError(f"{self.name}: {e}") from None
 
     def state(self) -> str:
         if (self.final / "config.json").is_file():

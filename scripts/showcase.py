@@ -27,7 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-from recipe_runs import ROOT, RecipeRun
+from recipe_runs import ROOT, RecipeRun, guarded
+
+from draftsmith.errors import DraftsmithError
 
 TARGET, SMALL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 GENERATE = ["--prompts", "builtin:train", "--limit", "256", "--max-new-tokens", "160", "--batch-size", "32"]
@@ -219,6 +221,11 @@ def plot(res: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Bad input: one `error: ...` line, exit status 2, nothing written; a failed step: one line, status 1."""
+    return guarded(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--prompts", default="builtin:dev-eval")
@@ -232,22 +239,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--dry", action="store_true")
     args = ap.parse_args(argv)
-    from draftsmith.errors import DraftsmithError
     from draftsmith.fileio import check_output_dir
 
-    try:
-        check_output_dir(args.out, flag="OUT")  # before any recipe is read or run
-    except DraftsmithError as e:
-        raise SystemExit(f"error: {e}") from None
+    check_output_dir(args.out, flag="OUT")  # before any recipe is read or run
     runs = [r for r in recipe_runs(args.out) if r.name not in args.skip]
     configs = {r.name: r.validate() for r in runs}  # every recipe, strictly, before anything is written
     specs = drafter_specs(args.out, runs, configs, args.skip)
     from bench_drafters import parse_drafters
 
-    try:  # the specs of folders that training or the layer-skip search will write are checked before the bench
-        parse_drafters([f"{n}={s}@{k}" for n, s, k in specs if _exists(s)])
-    except Exception as e:  # noqa: BLE001 - a DraftsmithError line
-        raise SystemExit(f"error: {e}") from None
+    # the specs of folders that training or the layer-skip search will write are checked before the bench
+    parse_drafters([f"{n}={s}@{k}" for n, s, k in specs if _exists(s)])
     results = args.out / "showcase.json"
     print(f"{len(runs)} recipes ({sum(r.state() == 'done' for r in runs)} done), {len(specs)} drafters, "
           f"{len(BASELINES)} baselines, then 3 transformers methods beside draftsmith's plain and draft: decoding")  # fmt: skip
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  bench {n}: {s} @ k={k}")
         return 0
     if results.is_file():
-        raise SystemExit(f"error: {results} exists; move it away to measure again (training stays done)")
+        raise DraftsmithError(f"{results} exists; move it away to measure again (training stays done)")
     args.out.mkdir(parents=True, exist_ok=True)
     generate(args.out)
     vocab(args.out)

@@ -2,6 +2,8 @@
 one held-out split, resumes, and measures every checkpoint with the decoder in one run."""
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -68,16 +70,35 @@ def test_dry_run_validates_and_writes_nothing(tiny_setup, capsys):
         (["--prompts", "builtin:dev-eval,builtin:dev-eval"], "distinct names"),
     ],
 )
-def test_bad_arguments_are_one_line_before_anything_is_written(tiny_setup, extra, message):
+def test_bad_arguments_are_one_line_before_anything_is_written(tiny_setup, extra, message, capsys):
     root, sets, _ = tiny_setup
     out = root / "bad"
-    with pytest.raises(SystemExit) as e:
-        loss_ablation.main(
-            _args(out, sets, "--losses", "fkl", *extra)
-            if "--losses" not in extra
-            else _args(out, sets, *extra)
-        )
-    assert message in str(e.value) and "\n" not in str(e.value)
+    status = loss_ablation.main(
+        _args(out, sets, "--losses", "fkl", *extra) if "--losses" not in extra else _args(out, sets, *extra)
+    )
+    err = capsys.readouterr().err
+    assert status == 2 and message in err and err.startswith("error: ") and err.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["distill", "--losses", "nope"], "'nope' is not a distill loss"),
+        (["medusa"], "must be distill or eagle3"),
+    ],
+)
+def test_the_shell_entry_refuses_bad_input_before_generating_data(tmp_path, extra, message):
+    """scripts/loss_ablation.sh checks every argument (a dry plan) before its generate step writes OUT/data."""
+    out = tmp_path / "abl"
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "loss_ablation.sh"), str(out), *extra],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and message in proc.stderr
     assert not out.exists()
 
 

@@ -1,9 +1,8 @@
 """scripts/showcase.py --dry: every Qwen recipe validated with the output paths, the plan printed, nothing written."""
 
+import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -38,13 +37,29 @@ def test_dry_run_plans_every_recipe_and_drafter(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_a_finished_showcase_is_not_measured_over(tmp_path):
+def test_a_finished_showcase_is_not_measured_over(tmp_path, capsys):
     out = tmp_path / "sc"
     out.mkdir()
     (out / "showcase.json").write_text("{}")
-    with pytest.raises(SystemExit, match="showcase.json exists"):
-        showcase.main([str(out), "--skip", "draft-0.5b-lora", "--skip", "draft-0.5b-pruned"])
+    assert showcase.main([str(out), "--skip", "draft-0.5b-lora", "--skip", "draft-0.5b-pruned"]) == 2
+    err = capsys.readouterr().err
+    assert "showcase.json exists" in err and err.count("\n") == 1
     assert sorted(p.name for p in out.iterdir()) == ["showcase.json"]
+
+
+def test_bad_input_exits_2_from_the_command_line(tmp_path):
+    """Through the real entry point: a file where OUT should be a folder is one line, status 2, nothing written (a
+    failed training or bench step keeps status 1)."""
+    out = tmp_path / "a_file"
+    out.write_text("x\n")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "showcase.py"), str(out), "--dry"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and "OUT" in proc.stderr
+    assert out.read_text() == "x\n" and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
 def test_skip_leaves_out_a_recipe_and_the_layer_skip_search(tmp_path, capsys):
