@@ -359,7 +359,7 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
     """Load/check the target, data and draft. `target`/`tokenizer` may be passed in (already loaded)."""
     from draftsmith import models
     from draftsmith.compat import check_compatible
-    from draftsmith.vocab import build_vocab_ids, special_token_ids, token_counts
+    from draftsmith.vocab import build_vocab_ids, coverage, special_token_ids, token_counts
 
     m, d = cfg.model, cfg.data
     if cfg.push_to_hub:  # a bad repo id fails now, not after hours of training
@@ -392,7 +392,7 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
     if m.vocab_size:
         counts = token_counts((e.prompt_ids + e.response_ids for e in train_ex), vocab)
         vocab_ids = build_vocab_ids(counts, m.vocab_size, always=specials).to(device)
-        covered = float(counts[vocab_ids.cpu()].sum()) / max(float(counts.sum()), 1.0)
+        covered = coverage(counts, vocab_ids)
         info["draft_vocab"] = {"size": m.vocab_size, "train_token_coverage": round(covered, 4)}
     elif draft.config.get_text_config().vocab_size != vocab:
         # same tokenizer, different padding rows (e.g. Qwen2.5-7B 152064 vs 0.5B 151936): score the shared ids

@@ -79,6 +79,12 @@ def build_vocab_ids(counts: torch.Tensor, size: int, always: Sequence[int] = ())
     return torch.sort(order[:size]).values.long()
 
 
+def coverage(counts: torch.Tensor, vocab_ids: torch.Tensor) -> float:
+    """The share of the counted tokens whose id is in `vocab_ids` (0.0 when nothing was counted)."""
+    counts = torch.as_tensor(counts).reshape(-1)
+    return float(counts[vocab_ids.to(counts.device)].sum()) / max(float(counts.sum()), 1.0)
+
+
 def _validate(vocab_ids: torch.Tensor, vocab_size: int | None, where: str) -> torch.LongTensor:
     if not isinstance(vocab_ids, torch.Tensor) or vocab_ids.dim() != 1 or vocab_ids.dtype != torch.long:
         raise DraftsmithError(

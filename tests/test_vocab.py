@@ -8,6 +8,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.vocab import (
     DRAFT_VOCAB_FILE,
     build_vocab_ids,
+    coverage,
     load_draft_vocab,
     restricted_logits,
     save_draft_vocab,
@@ -22,6 +23,13 @@ def test_token_counts():
     assert counts.dtype == torch.long and counts.tolist() == [0, 1, 3, 0, 0, 1, 0, 0]
     with pytest.raises(DraftsmithError, match="outside the vocabulary"):
         token_counts([[1, 8]], vocab_size=8)
+
+
+def test_coverage_is_the_counted_share_inside_the_vocabulary():
+    counts = torch.tensor([0, 0, 0, 9, 1, 7, 7, 3, 0, 5])  # 32 tokens counted
+    assert coverage(counts, torch.tensor([3, 5])) == 16 / 32
+    assert coverage(counts, torch.arange(10)) == 1.0 and coverage(counts, torch.tensor([0, 1])) == 0.0
+    assert coverage(torch.zeros(4, dtype=torch.long), torch.tensor([1])) == 0.0  # nothing counted
 
 
 def test_build_vocab_ids_top_frequency_plus_always():

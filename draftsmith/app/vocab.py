@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from draftsmith.vocab import (
         DRAFT_VOCAB_FILE,
         build_vocab_ids,
+        coverage,
         save_draft_vocab,
         special_token_ids,
         token_counts,
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     examples = [e for source in examples_from_sources(args.data, tok) for e in source]
     counts = token_counts((e.prompt_ids + e.response_ids for e in examples), vocab)
     ids = build_vocab_ids(counts, size, always=special_token_ids(tok))
-    covered = float(counts[ids].sum()) / max(float(counts.sum()), 1.0)
+    covered = coverage(counts, ids)
     save_draft_vocab(out, ids)
     info = {
         "size": size,
