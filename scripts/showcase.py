@@ -240,7 +240,11 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--dry", action="store_true")
     args = ap.parse_args(argv)
     from draftsmith.fileio import check_output_dir
+    from draftsmith.prompts import load_prompts
 
+    if args.limit < 1 or args.max_new_tokens < 1:
+        raise DraftsmithError("--limit and --max-new-tokens must be >= 1")
+    load_prompts(args.prompts, limit=args.limit)  # a missing or empty set is refused before hours of training
     check_output_dir(args.out, flag="OUT")  # before any recipe is read or run
     runs = [r for r in recipe_runs(args.out) if r.name not in args.skip]
     configs = {r.name: r.validate() for r in runs}  # every recipe, strictly, before anything is written

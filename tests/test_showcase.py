@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -96,3 +98,18 @@ def test_report_compares_the_libraries_within_the_loop_only():
     assert "| draft-0.5b-as-is | 4 | 3.00 | 0.80 0.70 - 0.60 |" in text
     assert "| ds_draft | 2.00 | 1.00x | 2/2 |" in text
     assert "same loop: 1.25x (plain decoding: draftsmith / transformers 1.10x)" in text
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--limit", "0"], "--limit and --max-new-tokens"),
+        (["--prompts", "/no/such/prompts.jsonl"], "not found"),
+    ],
+)
+def test_bench_settings_are_checked_before_anything_trains(tmp_path, capsys, extra, message):
+    out = tmp_path / "sc"
+    assert showcase.main([str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("error: ") and err.count("\n") == 1
+    assert not out.exists()
