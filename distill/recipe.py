@@ -66,7 +66,7 @@ class ModelArgs:
     vocab_size: int = 0
     """Reduced draft output vocabulary: the N most frequent training tokens (+ special tokens); 0 = full vocab."""
     dtype: str = "auto"
-    """Target weights dtype (auto = bf16 on CUDA and AMX CPUs, else fp32: models.default_dtype). Draft master weights are fp32."""
+    """Target weights dtype (auto = bf16 on CUDA and on CPUs with AMX or AVX512-BF16, else fp32: models.default_dtype). Draft master weights are fp32."""
     trust_remote_code: bool = False
     """Allow model repos with custom code (off: only enable for repos you trust)."""
     lora: LoraArgs = field(default_factory=LoraArgs)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 def resolve_mixed_precision(mode: str) -> str:
     """ "no", "bf16" or "fp16" for train.mixed_precision (auto decided by the hardware)."""
-    if mode == "auto":  # bf16 autocast where bf16 matmuls are native (CUDA, AMX CPUs): models.default_dtype
+    if mode == "auto":  # bf16 autocast where bf16 is native (models.default_dtype)
         from draftsmith.models import default_device, default_dtype
 
         return "bf16" if default_dtype(default_device()) == torch.bfloat16 else "no"

@@ -103,7 +103,7 @@ class TrainArgs:
     seed: int = 0
     """Seed for torch/numpy/python RNGs (accelerate.utils.set_seed) and data order."""
     mixed_precision: Literal["no", "bf16", "fp16", "auto"] | bool = "auto"
-    """Autocast mode; auto = bf16 on CUDA and on CPUs with AMX, else no. (YAML 1.1 reads a bare `no` as false: accepted as "no".)"""
+    """Autocast mode; auto = bf16 on CUDA and on CPUs with AMX or AVX512-BF16, else no. (YAML 1.1 reads a bare `no` as false: accepted as "no".)"""
 
     def __post_init__(self) -> None:
         if self.mixed_precision is False:

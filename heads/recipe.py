@@ -48,7 +48,7 @@ class ModelSection:
     target: str = "smollm2-135m"
     """Target: Hub id, folder, .gguf or smollm2-135m (frozen except Medusa-2's LoRA)."""
     dtype: str | None = None
-    """Target dtype; null = bf16 on CUDA and AMX CPUs, else fp32 (models.default_dtype). Heads train in fp32 master weights (autocast per train)."""
+    """Target dtype; null = bf16 on CUDA and on CPUs with AMX or AVX512-BF16, else fp32 (models.default_dtype). Heads train in fp32 master weights (autocast per train)."""
 
 
 @dataclass

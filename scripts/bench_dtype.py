@@ -53,7 +53,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dev = default_device()
-    print(f"device {dev}, {args.threads} threads, CPU native bf16 (AMX): {cpu_has_fast_bf16()}")
+    print(
+        f"device {dev}, {args.threads} threads, CPU native bf16 (AMX or AVX512-BF16): {cpu_has_fast_bf16()}"
+    )
     rows = {}
     for dtype in (torch.float32, torch.bfloat16):
         m = load_model(args.target, dtype=dtype, device=dev).eval()

@@ -169,8 +169,20 @@ def test_default_dtype_policy(monkeypatch):
     monkeypatch.setenv("DRAFTSMITH_CPU_DTYPE", "float32")
     assert models.default_dtype("cpu") == torch.float32
     monkeypatch.setenv("DRAFTSMITH_CPU_DTYPE", "")
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    assert models.default_dtype("cpu") == (torch.bfloat16 if amx else torch.float32)
+    native = any(
+        getattr(torch.cpu, n, lambda: False)()
+        for n in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    )
+    assert models.default_dtype("cpu") == (torch.bfloat16 if native else torch.float32)
+    # each probe alone decides: a CPU with AVX512-BF16 but no AMX tiles (AMD Zen 4) runs bf16, one with neither fp32
+    for amx, avx512_bf16, expected in (
+        (True, False, torch.bfloat16),
+        (False, True, torch.bfloat16),
+        (False, False, torch.float32),
+    ):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+        assert models.default_dtype("cpu") == expected
     monkeypatch.setenv("DRAFTSMITH_CPU_DTYPE", "int8")
     with pytest.raises(DraftsmithError, match="DRAFTSMITH_CPU_DTYPE"):
         models.default_dtype("cpu")
