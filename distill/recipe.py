@@ -27,6 +27,7 @@ from draftsmith.examples import DataSources, Example, collate, examples_from_sou
 from draftsmith.modeling import causal_lm
 from draftsmith.rundir import check_out_dir
 from draftsmith.trainer import TrainArgs
+from draftsmith.vocab import softcap_logits
 
 log = logging.getLogger(__name__)
 
@@ -198,9 +199,7 @@ def target_logits_at(
         if decoder is None or head is None:
             return target(input_ids=input_ids, attention_mask=attention_mask).logits[rows]
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = head(hidden[rows])
-        softcap = getattr(target.config, "final_logit_softcapping", None)
-        return torch.tanh(logits / softcap) * softcap if softcap else logits
+        return softcap_logits(target.config, head(hidden[rows]))
 
 
 def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):

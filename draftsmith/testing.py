@@ -309,3 +309,28 @@ def recipe_header(path: str | Path) -> list[str]:
             break
         lines.append(line[1:].strip())
     return lines
+
+
+def aten_calls(fn) -> list[tuple[str, tuple[int, ...], bool]]:
+    """Run fn() and return every aten op it dispatched: its name, the shape of its (first) output, and whether its
+    first input is a strided view (strides other than a dense tensor's of its shape, size-1 dims included). A test
+    that a product runs as one GEMM: torch's matmul on a strided 3-D slice runs aten.bmm against the expanded
+    weight, which a CPU copies whole per call."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = []
+
+    def strided(t) -> bool:
+        return isinstance(t, torch.Tensor) and t.stride() != torch.empty(t.shape, device="meta").stride()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            first = out[0] if isinstance(out, (tuple, list)) and out else out
+            shape = tuple(first.shape) if isinstance(first, torch.Tensor) else ()
+            calls.append((str(func), shape, bool(args) and strided(args[0])))
+            return out
+
+    with Record():
+        fn()
+    return calls

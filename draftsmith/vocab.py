@@ -181,8 +181,10 @@ def restricted_logits(
     lm, decoder = causal_lm(model), base_decoder(model)
     outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, **kw)
     hidden = outputs.last_hidden_state  # [B, T, H]
-    if logits_to_keep > 0:
-        hidden = hidden[:, -logits_to_keep:]
+    if (
+        logits_to_keep > 0
+    ):  # a copy: a product on the strided slice copies the whole head on a CPU (decode.decoder)
+        hidden = hidden[:, -logits_to_keep:].clone()
     head = lm.get_output_embeddings()
     if vocab_ids is None:
         logits = head(hidden)
@@ -196,10 +198,14 @@ def restricted_logits(
         vocab_ids = vocab_ids.to(head.weight.device)
         bias = head.bias.index_select(0, vocab_ids) if head.bias is not None else None
         logits = F.linear(hidden, head.weight.index_select(0, vocab_ids), bias)
-    softcap = getattr(lm.config, "final_logit_softcapping", None)
-    if softcap:  # Gemma-style logit soft-capping, as the model's own forward applies it
-        logits = torch.tanh(logits / softcap) * softcap
-    return logits, outputs
+    return softcap_logits(lm.config, logits), outputs
+
+
+def softcap_logits(config, logits: torch.Tensor) -> torch.Tensor:
+    """Gemma-style final logit soft-capping, as the model's own forward applies it (a no-op for other models):
+    for code that runs the lm_head itself instead of the model's forward."""
+    softcap = getattr(config, "final_logit_softcapping", None)
+    return torch.tanh(logits / softcap) * softcap if softcap else logits
 
 
 def to_target_probs(draft_probs: torch.Tensor, vocab_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from draftsmith.cpulayout import ROWS, Plan, TunedLinear, measure_shape, tune_li
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
 from draftsmith.errors import DraftsmithError
-from draftsmith.testing import tiny_llama
+from draftsmith.testing import aten_calls, tiny_llama
 
 PROMPT = torch.tensor([[1, 40, 50, 60, 70, 80, 40, 50, 60, 90, 40, 50]])
 
@@ -319,3 +319,23 @@ def test_others_share_sees_a_process_that_spins_beside_it():
         spin.wait()
     # one spinning process holds one CPU: at least a third of a 2-CPU machine's, allowing for the scheduler
     assert share is not None and share >= 0.8 / len(os.sched_getaffinity(0)) - 0.1
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_strided_slice_is_one_2d_product_that_never_copies_the_weight(monkeypatch, layout, batch):
+    """transformers' logits_to_keep hands the lm_head hidden[:, -1:] of a multi-token forward: a strided 3-D
+    slice that torch's matmul cannot fold into one GEMM, so it runs aten.bmm against the expanded weight, which a
+    CPU copies whole per call (0.45 s for a 0.5B draft's head in bf16). A tuned Linear runs the rows as one 2-D
+    product, in either layout."""
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+    plan = Plan(layout, {12: "col" if layout == "row" else "row"})  # a copy for 12 rows: the Linear is tuned
+    monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: plan)
+    base = nn.Linear(32, 512, bias=False).to(torch.bfloat16).requires_grad_(False)  # lm_heads have no bias
+    lin = copy.deepcopy(base)
+    tune_linears(nn.Sequential(lin))
+    assert isinstance(lin, TunedLinear)
+    x = torch.randn(batch, 7, 32, dtype=torch.bfloat16)[:, -1:]
+    assert base(x).shape == lin(x).shape == (batch, 1, 512)
+    assert not [c for c in aten_calls(lambda: lin(x)) if "bmm" in c[0]]
+    torch.testing.assert_close(lin(x), base(x.clone()), rtol=1e-2, atol=1e-2)

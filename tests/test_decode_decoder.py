@@ -10,7 +10,7 @@ from draftsmith.decode.proposer import Proposal, node_depths, tree_attention_mas
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams
-from draftsmith.testing import ARCHS, sampled_joint_tvd, tiny_model, tree_around
+from draftsmith.testing import ARCHS, aten_calls, sampled_joint_tvd, tiny_model, tree_around
 
 PROMPT = torch.tensor([[1, 40, 50, 60, 70, 80, 40, 50, 60, 90, 40, 50]])
 NEW = 40
@@ -240,3 +240,21 @@ def test_ngram_lookup_picks_most_recent_longest_match():
     # one accepted node plus the bonus token: both are committed
     prop.advance([[0]], torch.tensor([[9, 5]]), None)
     assert prop.propose(2).tokens.tolist() == [[6, 7]]  # [9, 5] matched at 4..5
+
+
+def test_no_head_product_runs_as_a_batched_gemm(tiny_target):
+    """Feeding several tokens (a batch's prompts; two tokens after a full accept) must apply the lm_head to [B, H]
+    rows, not to a strided [B, 1, H] slice: torch runs that as aten.bmm against the expanded head, which a CPU copies
+    whole per call (0.45 s for a 0.5B draft's 150k-row head in bf16). The target drafting for itself accepts
+    every token, so the draft feeds two tokens at each step."""
+    vocab = tiny_target.config.vocab_size
+    dec = SpeculativeDecoder(tiny_target, None)
+    prompts = [PROMPT[0], PROMPT[0, :7], PROMPT[0, 2:]]
+    calls = aten_calls(
+        lambda: dec.generate_batch(prompts, DraftModelProposer(tiny_target, vocab), k=3, max_new_tokens=12)
+    )
+    heads = [
+        c for c in calls if c[1] and c[1][-1] == vocab and ("linear" in c[0] or "m" in c[0].split(".")[1])
+    ]
+    # a 2-D product takes strided rows as they are; a strided 3-D input is what cannot fold
+    assert heads and not [c for c in heads if (c[2] and len(c[1]) >= 3) or "bmm" in c[0]], heads
