@@ -31,7 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write eval.json, report.md, eval.png here")
     p.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
-    p.add_argument("--dtype", default=None, help="bf16, fp16, fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="bf16, fp16, fp32 (default: bf16 on CUDA and on CPUs that multiply bf16 natively: AMX or AVX512-BF16; else fp32)",
+    )
     p.add_argument(
         "--compile", action="store_true", help="CUDA: StaticCache + torch.compile of the target step"
     )

@@ -36,7 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, help="bf16|fp16|fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="bf16|fp16|fp32 (default: bf16 on CUDA and on CPUs that multiply bf16 natively: AMX or AVX512-BF16; else fp32)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
