@@ -181,9 +181,8 @@ def restricted_logits(
     lm, decoder = causal_lm(model), base_decoder(model)
     outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, **kw)
     hidden = outputs.last_hidden_state  # [B, T, H]
-    if (
-        logits_to_keep > 0
-    ):  # a copy: a product on the strided slice copies the whole head on a CPU (decode.decoder)
+    if logits_to_keep > 0:
+        # a copy: a product on the strided slice would copy the whole head on a CPU (see decode.decoder)
         hidden = hidden[:, -logits_to_keep:].clone()
     head = lm.get_output_embeddings()
     if vocab_ids is None:
