@@ -48,6 +48,13 @@ def output_head(model: torch.nn.Module) -> torch.nn.Linear:
     return head
 
 
+def last_rows(hidden: torch.Tensor, n: int) -> torch.Tensor:
+    """hidden[:, -n:] of [B, T, H] as a dense copy, for the output head. Sliced, it is a strided 3-D tensor that
+    torch's matmul cannot fold into one GEMM: it runs aten.bmm against the expanded head, which a CPU copies whole
+    per call (~0.5 s for a 150k-row head in bf16; 22 ms -> 565 ms at batch 3, measured on the 1.5B's head)."""
+    return hidden[:, -n:].clone()
+
+
 def add_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0, target_modules="all-linear"):
     """Wrap `model` in LoRA adapters (peft). "all-linear" covers every Linear except the output layer (lm_head)."""
     from peft import LoraConfig, get_peft_model

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import atomic_write
-from draftsmith.modeling import base_decoder, causal_lm
+from draftsmith.modeling import base_decoder, causal_lm, last_rows
 from draftsmith.models import eos_token_ids
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
@@ -182,8 +182,7 @@ def restricted_logits(
     outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, **kw)
     hidden = outputs.last_hidden_state  # [B, T, H]
     if logits_to_keep > 0:
-        # a copy: a product on the strided slice would copy the whole head on a CPU (see decode.decoder)
-        hidden = hidden[:, -logits_to_keep:].clone()
+        hidden = last_rows(hidden, logits_to_keep)
     head = lm.get_output_embeddings()
     if vocab_ids is None:
         logits = head(hidden)
