@@ -23,8 +23,10 @@ order of what they save until they fill `max_extra_bytes` (by default a quarter 
 memory-bound target both the one-row kernel of a plain step and the few-row kernel of a verify then run at their
 best, where a single layout would make one of them pay (Qwen2.5-Coder-1.5B on a 2-core AMD EPYC: column-major alone
 made the plain step 15% faster and the 5-token verify 30% slower, RESULTS.md). Each forward runs the winner of its
-row count; prefill (hundreds of rows) takes the decision of the largest count measured. Shapes and state_dict are
-unchanged; nothing changes on GPUs or for trainable modules.
+row count; prefill (hundreds of rows) takes the decision of the largest count measured. Every frozen CPU Linear,
+even one whose plan is nn.Linear's own, runs its rows as one 2-D product: torch's matmul runs a strided 3-D slice
+(logits_to_keep's hidden[:, -1:]) against a frozen weight as a batched GEMM that copies the weight per call. Shapes
+and state_dict are unchanged; nothing changes on GPUs or for trainable modules.
 
 The timings are only as good as the moment they are taken in: beside one single-thread training on a 2-core AMD
 EPYC, the one-row times of the 1.5B's shapes doubled and scattered and every shape went row-major, where two quiet
@@ -409,12 +411,15 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) ->
     """Give the frozen CPU Linears of `model` the measured layout and kernels for small-row products (see the module
     doc). Copies in the other layout are kept in the order of what they save, up to `max_extra_bytes` in all
     (default: EXTRA_SHARE of the memory available now); a Linear whose copy does not fit keeps its own layout's
-    kernels. Idempotent. Returns a summary: Linears changed, how many were re-laid out column-major, how many keep a
-    copy in the other layout, the extra MiB, how many copies did not fit, per shape its layout and the row counts of
-    each kernel it runs, and where the plans came from (kept on this machine, measured now, or measured while other
-    processes used the CPU: that share, per shape)."""
+    kernels. Idempotent. Every one becomes a TunedLinear, which runs its rows as one 2-D product; those whose plan
+    is nn.Linear's own layout and kernel count as "plain", the others as "tuned". Returns a summary: Linears tuned
+    and plain, how many were re-laid out column-major, how many keep a copy in the other layout, the extra MiB, how
+    many copies did not fit, per shape its layout and the row counts of each kernel it runs, and where the plans
+    came from (kept on this machine, measured now, or measured while other processes used the CPU: that share, per
+    shape)."""
     summary = {
         "tuned": 0,
+        "plain": 0,
         "column_major": 0,
         "dual": 0,
         "extra_mib": 0.0,
@@ -472,15 +477,18 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) ->
         )
         entry["linears"] += 1
         entry["copies_left_out"] += plan != shape_plan
+        m.__class__ = TunedLinear
+        m.plan = plan
         if plan.layout == "row" and not plan.kernel_of:
-            continue  # nn.Linear's own layout and kernel win everywhere: leave it
+            # nn.Linear's own layout and kernel win everywhere: only the input is flattened to one 2-D product
+            # (an lm_head too large for the decoder's own copy still gets hidden[:, -1:] from logits_to_keep)
+            summary["plain"] += 1
+            continue
         old = m.weight
         tied = uses[id(old)] > 1
         if plan.layout == "col":
             m.weight = nn.Parameter(old.detach().t().contiguous().t(), requires_grad=False)
             summary["column_major"] += 1
-        m.__class__ = TunedLinear
-        m.plan = plan
         if plan.needs_copy:
             other = old.detach() if plan.layout == "col" else old.detach().t().contiguous().t()
             m.register_buffer("other_layout", other, persistent=False)
@@ -497,7 +505,10 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) ->
 def describe(summary: dict) -> str:
     """One line for a tune_linears summary (eval.json conditions, benchmark logs)."""
     if not summary or not summary["tuned"]:
-        return "nn.Linear (unchanged)"
+        plain = summary.get("plain", 0) if summary else 0
+        return "nn.Linear's layout and kernels" + (
+            f" ({plain} Linears: their rows as one 2-D product)" if plain else ""
+        )
     kernels = sorted({k for v in summary["kernels"].values() for k in v if k in KERNELS})
     per_kernel = {k: sorted({r for v in summary["kernels"].values() for r in v.get(k, [])}) for k in kernels}
     others = "; ".join(f"{k} for {rows} rows" for k, rows in per_kernel.items())

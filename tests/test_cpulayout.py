@@ -321,21 +321,45 @@ def test_others_share_sees_a_process_that_spins_beside_it():
     assert share is not None and share >= 0.8 / len(os.sched_getaffinity(0)) - 0.1
 
 
-@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("layout", ["row", "col", "plain"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_strided_slice_is_one_2d_product_that_never_copies_the_weight(monkeypatch, layout, batch):
     """transformers' logits_to_keep hands the lm_head hidden[:, -1:] of a multi-token forward: a strided 3-D
     slice that torch's matmul cannot fold into one GEMM, so it runs aten.bmm against the expanded weight, which a
     CPU copies whole per call (0.45 s for a 0.5B draft's head in bf16). A tuned Linear runs the rows as one 2-D
-    product, in either layout."""
+    product, in either layout, and so does one whose plan keeps nn.Linear's own layout and kernel ("plain")."""
     monkeypatch.setattr(cpulayout, "_DECISIONS", {})
-    plan = Plan(layout, {12: "col" if layout == "row" else "row"})  # a copy for 12 rows: the Linear is tuned
+    # a copy for 12 rows (the Linear is tuned), or nothing to change
+    plan = Plan("row") if layout == "plain" else Plan(layout, {12: "col" if layout == "row" else "row"})
     monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: plan)
     base = nn.Linear(32, 512, bias=False).to(torch.bfloat16).requires_grad_(False)  # lm_heads have no bias
     lin = copy.deepcopy(base)
-    tune_linears(nn.Sequential(lin))
+    summary = tune_linears(nn.Sequential(lin))
     assert isinstance(lin, TunedLinear)
+    assert (summary["tuned"], summary["plain"]) == ((0, 1) if layout == "plain" else (1, 0))
+    assert lin.weight.is_contiguous() == (layout != "col")
     x = torch.randn(batch, 7, 32, dtype=torch.bfloat16)[:, -1:]
     assert base(x).shape == lin(x).shape == (batch, 1, 512)
     assert not [c for c in aten_calls(lambda: lin(x)) if "bmm" in c[0]]
     torch.testing.assert_close(lin(x), base(x.clone()), rtol=1e-2, atol=1e-2)
+
+
+def test_transformers_generate_on_a_frozen_model_never_runs_the_head_as_a_batched_gemm(monkeypatch):
+    """A frozen weight changes torch's matmul: a trainable weight folds hidden[:, -1:] into one GEMM, a frozen one
+    (every model draftsmith loads for decoding) runs aten.bmm against the expanded weight. So transformers' own
+    `generate` on such a model, plain or with `assistant_model` (the peers draftsmith benches against), would copy
+    the head whenever logits_to_keep slices a multi-token forward: the prefill, and an assistant's forward after a
+    full accept. Every frozen Linear is tuned, even where its plan is nn.Linear's own, so none of them does."""
+    monkeypatch.setattr(cpulayout, "_DECISIONS", {})
+    monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: Plan("row"))
+    target = tiny_llama(seed=1).requires_grad_(False)
+    assistant = copy.deepcopy(target)  # accepts everything: each round starts by feeding it several tokens
+    for model in (target, assistant):
+        assert tune_linears(model)["plain"] == sum(isinstance(m, nn.Linear) for m in model.modules())
+    vocab = target.config.vocab_size
+    for kwargs in ({}, {"assistant_model": assistant}):
+        calls = aten_calls(
+            lambda kw=kwargs: target.generate(PROMPT, max_new_tokens=12, do_sample=False, **kw)
+        )
+        assert [c for c in calls if c[1] and c[1][-1] == vocab and "mm" in c[0]]  # the head ran
+        assert not [c for c in calls if "bmm" in c[0] and c[1][-1] == vocab], kwargs
