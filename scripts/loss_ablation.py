@@ -2,7 +2,7 @@
 
     python scripts/loss_ablation.py OUT --trainer distill [--config R] [--losses fkl,tvd,fkl>tvd@60]
         [--seeds 0,1] [--set key=value ...] [--prompts builtin:dev-eval --limit 16 --max-new-tokens 64]
-        [--k 4] [--temperatures 0,1] [--dry]
+        [--k 4] [--temperatures 0,1] [--untrained] [--dry]
     bash scripts/loss_ablation.sh OUT distill            # the same, with the defaults below
 
 For one trainer (`distill`: a draft LM, `train/distill.py`; `eagle3`: an EAGLE-3 head, `train/heads.py`), every loss
@@ -21,6 +21,10 @@ Written to OUT/<trainer>/:
                             on the others; a rerun skips what was measured with the same drafters and settings)
   ablation.json / .md / .png  per loss: measured tau mean and spread over seeds, alpha_1, speedup, and the
                               trainer's predicted tau beside the measured one
+
+--untrained also measures the draft the runs start from, as it is (distill recipes with model.init=existing and
+no layer pruning: the off-the-shelf small model), beside the checkpoints in the same decoder run; its predicted tau
+is the runs' step-0 held-out eval (one split for every run).
 
 --dry validates the recipe, every override and the output folder and prints the plan; nothing is written.
 """
@@ -130,9 +134,34 @@ def plan(args) -> list[Cell]:
     return cells
 
 
-def predicted(run_dir: Path, trainer: str, k: int) -> dict:
-    """The trainer's own prediction at the end of training (its last held-out eval in metrics.jsonl)."""
+UNTRAINED = "untrained"
+"""The row of --untrained: the draft the runs start from, as it is."""
+
+
+def untrained_spec(args) -> str | None:
+    """--untrained: the drafter spec of the model every run starts from; refused (one line) where that model is not
+    one to decode as it is."""
+    if not args.untrained:
+        return None
+    from draftsmith.config import load_config
+
+    cfg = load_config(config_class(TRAINERS[args.trainer].script), str(args.config), args.set)
+    model = getattr(cfg, "model", None)
+    if args.trainer != "distill" or model.init != "existing" or model.layers is not None:
+        raise DraftsmithError(
+            "--untrained measures the draft the runs start from as it is: it needs the distill trainer with "
+            "model.init=existing and model.layers=null (a pruned or built draft is not a model to decode); drop "
+            "--untrained or use such a recipe"
+        )
+    return f"draft:{model.draft}"
+
+
+def predicted(run_dir: Path, trainer: str, k: int, first: bool = False) -> dict:
+    """The trainer's own prediction at the end of training (its last held-out eval in metrics.jsonl), or with
+    `first` at its step-0 eval (the model it started from)."""
     evals = [e for e in _events(run_dir / "metrics.jsonl") if e.get("event") == "eval"]
+    if first:
+        evals = [e for e in evals if e.get("step") == 0][:1]
     if not evals:
         return {}
     last = evals[-1]
@@ -174,12 +203,14 @@ def measure(args, cells: list[Cell]) -> dict[float, dict]:
     from draftsmith.prompts import load_prompts, prompt_ids
 
     target_spec = _target(args)
+    reference = untrained_spec(args)
+    names = [c.run.name for c in cells] + ([UNTRAINED] if reference else [])
     results, todo = {}, []
     for src in args.prompt_sets:
         for t in args.temperatures:
             f = measured_path(args, src, t)
             have = json.loads(f.read_text()) if f.is_file() else None
-            same = have and sorted(have["drafters"]) == sorted(c.run.name for c in cells) and all(
+            same = have and sorted(have["drafters"]) == sorted(names) and all(
                 have.get(k) == v for k, v in
                 (("prompts", src), ("k", args.k), ("max_new_tokens", args.max_new_tokens), ("limit", args.limit))
             )  # fmt: skip
@@ -200,6 +231,8 @@ def measure(args, cells: list[Cell]) -> dict[float, dict]:
         NamedDrafter(c.run.name, build_proposer(spec.format(final=c.run.final), ctx, k=args.k), args.k)
         for c in cells
     ]
+    if reference:
+        drafters.append(NamedDrafter(UNTRAINED, build_proposer(reference, ctx, k=args.k), args.k))
     for src, t in todo:
         prompts = load_prompts(src, limit=args.limit)
         encoded = [torch.tensor([prompt_ids(tok, p)]) for p in prompts]
@@ -243,20 +276,28 @@ def aggregate(args, cells: list[Cell], measured: dict[float, dict]) -> dict:
     """Per loss and temperature: tau mean +- half-range over seeds, alpha_1, speedup; predicted tau beside it."""
     table = {}
     primary, others = args.prompt_sets[0], args.prompt_sets[1:]
-    for loss in args.losses:
-        mine = [c for c in cells if c.loss == loss]
-        preds = [predicted(c.run.out, args.trainer, args.k) for c in mine]
+    rows = [
+        (
+            loss,
+            [c.run.name for c in cells if c.loss == loss],
+            [predicted(c.run.out, args.trainer, args.k) for c in cells if c.loss == loss],
+        )
+        for loss in args.losses
+    ]
+    if untrained_spec(args):  # every run's step 0 is this model on the same held-out split: the first one's
+        rows.append((UNTRAINED, [UNTRAINED], [predicted(cells[0].run.out, args.trainer, args.k, first=True)]))
+    for loss, names, preds in rows:
         entry = {}
         for t in args.temperatures:
             m = measured[(primary, t)]
-            got = [m["drafters"][c.run.name] for c in mine]
+            got = [m["drafters"][name] for name in names]
             taus = [g["tau"] for g in got]
             alpha1 = [g["alpha_per_position"][0] for g in got if g.get("alpha_per_position")]
             key = "tau_greedy" if t == 0 else "tau_t1"
             pred = [p[key] for p in preds if p.get(key) is not None]
             also = {}
             for src in others:
-                tau_o = [measured[(src, t)]["drafters"][c.run.name]["tau"] for c in mine]
+                tau_o = [measured[(src, t)]["drafters"][name]["tau"] for name in names]
                 also[set_label(src)] = {"tau_mean": statistics.mean(tau_o), "tau_spread": _spread(tau_o),
                                         "predicted_over_measured": statistics.mean(pred) / statistics.mean(tau_o)
                                         if pred else None}  # fmt: skip
@@ -345,6 +386,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=None, help="draft length (default: the trainer's usual one)")
     ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument(
+        "--untrained",
+        action="store_true",
+        help="also measure the draft the runs start from, as it is (distill, model.init=existing)",
+    )
     ap.add_argument("--dry", action="store_true", help="validate and print the plan; write nothing")
     args = ap.parse_args(argv)
     tr = TRAINERS[args.trainer]
@@ -376,6 +422,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     for src in args.prompt_sets:
         load_prompts(src, limit=args.limit)  # a missing or empty set is refused before any run trains
     check_output_dir(args.out, flag="OUT")  # before any run trains
+    untrained_spec(args)  # refused here, before any run trains
     return args
 
 

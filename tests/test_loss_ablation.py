@@ -68,6 +68,7 @@ def test_dry_run_validates_and_writes_nothing(tiny_setup, capsys):
             "prompt file /no/such/prompts.jsonl not found",
         ),
         (["--prompts", "builtin:dev-eval,builtin:dev-eval"], "distinct names"),
+        (["--untrained"], "--untrained measures the draft the runs start from as it is: it needs"),
     ],
 )
 def test_bad_arguments_are_one_line_before_anything_is_written(tiny_setup, extra, message, capsys):
@@ -141,6 +142,26 @@ def test_trains_every_loss_and_seed_then_measures_them_in_one_run(tiny_setup, ca
     assert loss_ablation.main(argv) == 0
     assert capsys.readouterr().out.count(": done, kept") == 4
     assert {p: p.stat().st_mtime_ns for p in (out / "distill").glob("measured-*.json")} == before
+
+
+def test_untrained_measures_the_draft_the_runs_start_from_beside_them(tiny_setup):
+    """--untrained: the off-the-shelf draft (model.init=existing) is decoded in the same run as the checkpoints,
+    and its predicted tau is the runs' step-0 held-out eval."""
+    root, sets, dirs = tiny_setup
+    sets = ["model.init=existing" if s == "model.layers=[0]" else s for s in sets]
+    sets += ["--set", f"model.draft={dirs['draft']}", "--set", "model.layers=null"]
+    out = root / "untrained"
+    argv = _args(out, sets, "--losses", "fkl", "--seeds", "0", "--temperatures", "0", "--untrained")
+    assert loss_ablation.main(argv) == 0
+    measured = json.loads((out / "distill" / "measured-t0.json").read_text())
+    assert sorted(measured["drafters"]) == ["fkl-s0", "untrained"]
+    table = json.loads((out / "distill" / "ablation.json").read_text())["table"]
+    row = table["untrained"]["t0"]
+    assert row["tau_per_seed"] == [measured["drafters"]["untrained"]["tau"]] and row["lossless"] == [True]
+    metrics = (out / "distill" / "runs" / "fkl-s0" / "metrics.jsonl").read_text().splitlines()
+    step0 = next(e for e in map(json.loads, metrics) if e.get("event") == "eval" and e["step"] == 0)
+    assert row["predicted_tau_mean"] == pytest.approx(step0["heldout"]["tau_greedy"]["4"])
+    assert "| untrained | 0 |" in (out / "distill" / "ablation.md").read_text()
 
 
 def test_a_run_stopped_before_its_first_checkpoint_is_resumed(tiny_setup, capsys):
