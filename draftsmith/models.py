@@ -303,6 +303,10 @@ def cpu_has_fast_bf16() -> bool:
     return any(probe is not None and probe() for probe in probes)
 
 
+DTYPE_HELP = "bf16, fp16 or fp32 (default: bf16 on CUDA and on CPUs that multiply bf16 natively: AMX or AVX512-BF16; else fp32)"
+"""The --dtype help of every command that loads a model to decode (default_dtype's rule in one line)."""
+
+
 def default_dtype(device: torch.device | str) -> torch.dtype:
     """bf16 where the hardware multiplies bf16 natively (CUDA with bf16, CPUs with AMX or AVX512-BF16:
     cpu_has_fast_bf16), fp32 elsewhere (bf16 matmuls are emulated, hence slow, on other CPUs)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from draftsmith.models import DTYPE_HELP
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="target: Hub id, folder, .gguf or smollm2-135m")
@@ -34,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default=None,
-        help="bf16, fp16, fp32 (default: bf16 on CUDA and on CPUs that multiply bf16 natively: AMX or AVX512-BF16; else fp32)",
+        help=DTYPE_HELP,
     )
     p.add_argument(
         "--compile", action="store_true", help="CUDA: StaticCache + torch.compile of the target step"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from draftsmith.models import DTYPE_HELP
 from draftsmith.sampling import SamplingParams
 from draftsmith.selfdistill import MANIFEST, generate_dataset
 
@@ -39,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default=None,
-        help="bf16|fp16|fp32 (default: bf16 on CUDA and on CPUs that multiply bf16 natively: AMX or AVX512-BF16; else fp32)",
+        help=DTYPE_HELP,
     )
 
 
