@@ -519,7 +519,8 @@ def describe(summary: dict) -> str:
         origin += f"{', ' if origin else ''}{len(plans['busy'])} measured on a busy CPU (others used up to "
         origin += f"{worst:.0%}; not kept)"
     return (
-        f"{summary['tuned']} Linears tuned, {summary['column_major']} column-major{'; ' + others if others else ''}; "
+        f"{summary['tuned']} Linears tuned ({summary.get('plain', 0)} more keep nn.Linear's kernels), "
+        f"{summary['column_major']} column-major{'; ' + others if others else ''}; "
         f"a copy in the other layout in {summary['dual']} (+{summary['extra_mib']} MiB)"
         + (f", {summary['copies_left_out']} more did not fit" if summary.get("copies_left_out") else "")
         + (f"; shape plans: {origin}" if origin else "")

@@ -222,6 +222,12 @@ def test_greedy_speculative_on_a_tuned_target_equals_plain_greedy_on_the_origina
     other = tiny_llama(seed=1, num_hidden_layers=1).requires_grad_(False)
     tune_linears(other)
     dec = SpeculativeDecoder(tuned, None)
+    # the decoder's logits come from the tuned head itself (its layout and kernels were measured here), not from a
+    # transposed copy of its own
+    rows = []
+    tuned.lm_head.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[-2]))
+    dec.generate(PROMPT, None, k=1, max_new_tokens=3)
+    assert rows == [1, 1, 1]  # the prefill's last row, then each plain step's
     want = plain[0, PROMPT.shape[1] :].tolist()
     # verify blocks of 1 to k+1 rows: the row-major copy (2-3 rows), the column-major weight (4-5, 12+) and oneDNN
     # (6-11) all verify
