@@ -481,7 +481,7 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) ->
         m.plan = plan
         if plan.layout == "row" and not plan.kernel_of:
             # nn.Linear's own layout and kernel win everywhere: only the input is flattened to one 2-D product
-            # (an lm_head too large for the decoder's own copy still gets hidden[:, -1:] from logits_to_keep)
+            # (an lm_head called by transformers' own generate gets hidden[:, -1:] from logits_to_keep)
             summary["plain"] += 1
             continue
         old = m.weight

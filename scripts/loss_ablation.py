@@ -146,14 +146,13 @@ def untrained_spec(args) -> str | None:
     from draftsmith.config import load_config
 
     cfg = load_config(config_class(TRAINERS[args.trainer].script), str(args.config), args.set)
-    model = getattr(cfg, "model", None)
-    if args.trainer != "distill" or model.init != "existing" or model.layers is not None:
+    if args.trainer != "distill" or cfg.model.init != "existing" or cfg.model.layers is not None:
         raise DraftsmithError(
             "--untrained measures the draft the runs start from as it is: it needs the distill trainer with "
             "model.init=existing and model.layers=null (a pruned or built draft is not a model to decode); drop "
             "--untrained or use such a recipe"
         )
-    return f"draft:{model.draft}"
+    return f"draft:{cfg.model.draft}"
 
 
 def predicted(run_dir: Path, trainer: str, k: int, first: bool = False) -> dict:
