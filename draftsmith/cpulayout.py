@@ -504,8 +504,8 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) ->
 
 def describe(summary: dict) -> str:
     """One line for a tune_linears summary (eval.json conditions, benchmark logs)."""
+    plain = summary["plain"] if summary else 0
     if not summary or not summary["tuned"]:
-        plain = summary.get("plain", 0) if summary else 0
         return "nn.Linear's layout and kernels" + (
             f" ({plain} Linears: their rows as one 2-D product)" if plain else ""
         )
@@ -519,7 +519,7 @@ def describe(summary: dict) -> str:
         origin += f"{', ' if origin else ''}{len(plans['busy'])} measured on a busy CPU (others used up to "
         origin += f"{worst:.0%}; not kept)"
     return (
-        f"{summary['tuned']} Linears tuned ({summary.get('plain', 0)} more keep nn.Linear's kernels), "
+        f"{summary['tuned']} Linears tuned ({plain} more keep nn.Linear's kernels), "
         f"{summary['column_major']} column-major{'; ' + others if others else ''}; "
         f"a copy in the other layout in {summary['dual']} (+{summary['extra_mib']} MiB)"
         + (f", {summary['copies_left_out']} more did not fit" if summary.get("copies_left_out") else "")

@@ -140,12 +140,10 @@ UNTRAINED = "untrained"
 
 def untrained_spec(args) -> str | None:
     """--untrained: the drafter spec of the model every run starts from; refused (one line) where that model is not
-    one to decode as it is."""
+    one to decode as it is. parse() keeps it as args.untrained_spec."""
     if not args.untrained:
         return None
-    from draftsmith.config import load_config
-
-    cfg = load_config(config_class(TRAINERS[args.trainer].script), str(args.config), args.set)
+    cfg = _config(args)
     if args.trainer != "distill" or cfg.model.init != "existing" or cfg.model.layers is not None:
         raise DraftsmithError(
             "--untrained measures the draft the runs start from as it is: it needs the distill trainer with "
@@ -201,8 +199,8 @@ def measure(args, cells: list[Cell]) -> dict[float, dict]:
     from draftsmith.fileio import write_json
     from draftsmith.prompts import load_prompts, prompt_ids
 
-    target_spec = _target(args)
-    reference = untrained_spec(args)
+    target_spec = _config(args).model.target
+    reference = args.untrained_spec
     names = [c.run.name for c in cells] + ([UNTRAINED] if reference else [])
     results, todo = {}, []
     for src in args.prompt_sets:
@@ -260,11 +258,11 @@ def measured_path(args, src: str, t: float) -> Path:
     return args.out / args.trainer / f"measured-{tag}t{t:g}.json"
 
 
-def _target(args) -> str:
+def _config(args):
+    """The recipe with every --set override, as the trainer reads it."""
     from draftsmith.config import load_config
 
-    cfg = load_config(config_class(TRAINERS[args.trainer].script), str(args.config), args.set)
-    return cfg.model.target
+    return load_config(config_class(TRAINERS[args.trainer].script), str(args.config), args.set)
 
 
 def _spread(xs: list[float]) -> float:
@@ -283,7 +281,7 @@ def aggregate(args, cells: list[Cell], measured: dict[float, dict]) -> dict:
         )
         for loss in args.losses
     ]
-    if untrained_spec(args):  # every run's step 0 is this model on the same held-out split: the first one's
+    if args.untrained_spec:  # every run's step 0 is this model on the same held-out split: the first one's
         rows.append((UNTRAINED, [UNTRAINED], [predicted(cells[0].run.out, args.trainer, args.k, first=True)]))
     for loss, names, preds in rows:
         entry = {}
@@ -421,7 +419,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     for src in args.prompt_sets:
         load_prompts(src, limit=args.limit)  # a missing or empty set is refused before any run trains
     check_output_dir(args.out, flag="OUT")  # before any run trains
-    untrained_spec(args)  # refused here, before any run trains
+    args.untrained_spec = untrained_spec(args)  # refused here, before any run trains
     return args
 
 
