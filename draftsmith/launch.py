@@ -7,7 +7,7 @@ Flags and dotted overrides may come in any order. A bad recipe or bad input prin
 first process only) and the script exits 2 before any process group is formed or file written. Under `accelerate
 launch` that status is the child's: accelerate then reports the failed child and itself exits 1 (one process:
 a CalledProcessError traceback unless `accelerate launch -q`; several: torchrun's ChildFailedError summary).
-Run `python train/<script>.py` (one process) to get the status 2 itself.
+Run `python train/<script>.py` (one process) to get the status 2 itself. The scripts end through `exit_process`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from draftsmith.config import load_config
 from draftsmith.errors import DraftsmithError
@@ -127,3 +127,18 @@ def _close_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def exit_process(status: int) -> NoReturn:
+    """End an entry script with `status`. A rank of a multi-process run (WORLD_SIZE > 1) flushes its output and
+    leaves with os._exit, skipping the interpreter's teardown: there gloo's C++ worker threads can still hold work
+    after destroy_process_group and abort the rank ("terminate called without an active exception", status -6;
+    torch's own discussion: pytorch/pytorch#179291), and one aborted rank fails the whole launch. Nothing is left
+    to flush by then: a run's files are written and closed inside it, the run folder's flock goes with the process.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        logging.shutdown()
+        os._exit(status)
+    sys.exit(status)

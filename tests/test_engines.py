@@ -148,7 +148,8 @@ def launch(engine: str, script: str, args: list[str]) -> subprocess.CompletedPro
     proc = subprocess.run(
         launch_cmd(engine, script, args), env=ENV, capture_output=True, text=True, timeout=400
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # stdout too: the summary line there tells a rank that aborted after a finished run from one that failed in it
+    assert proc.returncode == 0, f"stdout: {proc.stdout[-1000:]}\nstderr: {proc.stderr[-3000:]}"
     return proc
 
 
@@ -257,3 +258,28 @@ def test_fsdp_killed_run_resumes_to_same_step_and_loss(tiny_dirs, gen_dir, tmp_p
     for step in ours:  # before the kill, and after the resume
         assert ours[step] == pytest.approx(theirs[step], rel=1e-4), (step, ours[step], theirs[step])
     check_final_is_plain_hf(out, ref)
+
+
+EXIT_SCRIPT = """
+import atexit, sys
+from draftsmith.launch import exit_process
+atexit.register(lambda: print("teardown ran", flush=True))
+print("summary", end="")  # buffered: exit_process flushes it
+exit_process(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("world", ["1", "2"])
+def test_exit_process_skips_teardown_only_in_multi_process_runs(world):
+    """A rank of a multi-process run leaves without the interpreter's teardown (where gloo's threads can abort
+    it), its output flushed and its status kept; a single process ends normally."""
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, "3"],
+        env={**ENV, "WORLD_SIZE": world},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.startswith("summary")
+    assert ("teardown ran" in proc.stdout) == (world == "1")

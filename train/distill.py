@@ -11,10 +11,8 @@ Arguments, logging (-v) and exit status: draftsmith.launch.
 
 from __future__ import annotations
 
-import sys
-
 from draftsmith.distill.recipe import DistillConfig, run_distill
-from draftsmith.launch import train_main
+from draftsmith.launch import exit_process, train_main
 
 
 def summary(cfg: DistillConfig, res: dict) -> str:
@@ -38,4 +36,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -14,10 +14,8 @@ Arguments, logging (-v) and exit status: draftsmith.launch.
 
 from __future__ import annotations
 
-import sys
-
 from draftsmith.heads.recipe import HeadsConfig, run_heads
-from draftsmith.launch import train_main
+from draftsmith.launch import exit_process, train_main
 
 
 def summary(cfg: HeadsConfig, res: dict) -> str:
@@ -41,4 +39,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
