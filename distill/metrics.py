@@ -5,13 +5,16 @@ the decoder warps them (`draftsmith.sampling.warp_probs`: temperature, top-k, to
 argmax) and the per-token acceptance alpha = sum_x min(p(x), q(x)) = 1 - TVD(p, q) is averaged (Leviathan et al.
 2023). Greedy acceptance top1 = 1[argmax q == argmax p].
 
-Predicted tau (tokens per target step, bonus token included) is tau(k) = 1 + sum_{i=1..k} prod_{j<i} a_{t+j}
-averaged over start positions t, with a the per-token acceptance (alpha, or top1 for greedy) along the text:
-the conditional acceptance at depth j is what the draft achieves *given* that depths < j were accepted
-(REFERENCE: tau = 1 + sum_i prod_{j<=i} a_j). For greedy decoding on the target's own greedy text this is exact
-per start position: an accepted draft token *is* the text's next token, so the draft's next proposal is its
-teacher-forced prediction. It needs sequence boundaries (`segments` in `update`); without them, and always
-under `tau_iid`, the i.i.d. formula (1 - alpha^(k+1)) / (1 - alpha) is reported instead.
+Predicted tau (tokens per target step, bonus token included) is the held-out text's token count over the expected
+number of rounds that decode it (`draftsmith.acceptance.rounds_along_text`), with a the per-token acceptance (alpha,
+or top1 for greedy) along the text: a round from t accepts depth i with a_{t+i-1} while the depths before it were
+accepted, and the next round starts after its target token. For greedy decoding on the target's own greedy text
+this is exact: an accepted draft token *is* the text's next token, so the draft's next proposal is its
+teacher-forced prediction. Rounds start where the last one ended; averaging tau(k) = 1 + sum_i prod_{j<i} a_{t+j}
+over every start position t instead overstates tau wherever acceptance comes in runs (measured on the 1.5B's text
+with the 0.5B draft, 8 prompts x 64 tokens: 3.57 against 3.24 for the rounds and 3.23 from the decoder, k 4). It
+needs sequence boundaries (`segments` in `update`); without them, and always under `tau_iid`, the i.i.d. formula
+(1 - alpha^(k+1)) / (1 - alpha) is reported instead.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Iterable
 
 import torch
 
-from draftsmith.acceptance import tau_along_text, tau_iid
+from draftsmith.acceptance import rounds_along_text, tau_iid
 from draftsmith.divergences import flatten_pair
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams, warp_probs
@@ -43,8 +46,8 @@ class AcceptanceMeter:
         self.reset()
 
     def reset(self) -> None:
-        self._chain_sum = {k: 0.0 for k in self.ks}  # sum over start positions of tau(k), alpha-weighted
-        self._chain_greedy_sum = {k: 0.0 for k in self.ks}
+        self._rounds = {k: 0.0 for k in self.ks}  # expected target steps over the held-out sequences, alpha
+        self._rounds_greedy = {k: 0.0 for k in self.ks}  # and top-1 acceptance
         self._chain_n = 0
         self._alpha_sum = 0.0
         self._top1_sum = 0.0
@@ -97,15 +100,17 @@ class AcceptanceMeter:
             self._add_chains(torch.cat(alphas), torch.cat(top1s), seg)
 
     def _add_chains(self, alpha: torch.Tensor, top1: torch.Tensor, seg: torch.Tensor) -> None:
-        """Add sum_t tau_t(k) for every k (draftsmith.acceptance.tau_along_text)."""
-        for acc, sums in ((alpha, self._chain_sum), (top1, self._chain_greedy_sum)):
-            for k, tau in tau_along_text(acc, seg, self.ks).items():
-                sums[k] += float(tau.sum())
+        """Add every sequence's expected rounds for every k (draftsmith.acceptance.rounds_along_text)."""
+        cuts = (torch.nonzero(seg[1:] != seg[:-1]).flatten() + 1).tolist()
+        for lo, hi in zip([0, *cuts], [*cuts, seg.numel()]):
+            for acc, sums in ((alpha, self._rounds), (top1, self._rounds_greedy)):
+                for k, rounds in rounds_along_text(acc[lo:hi].tolist(), self.ks).items():
+                    sums[k] += rounds
         self._chain_n += alpha.numel()
 
     def compute(self) -> dict:
-        """{"alpha", "top1", "tau": {k: ...}, "tau_greedy": {k: ...} (chain estimate when segments were given, else
-        i.i.d.), "tau_estimate": "chain"|"iid", "tau_iid", "tau_greedy_iid", "tvd", "n_tokens"}."""
+        """{"alpha", "top1", "tau": {k: ...}, "tau_greedy": {k: ...} (tokens over expected rounds when segments were
+        given, else i.i.d.), "tau_estimate": "rounds"|"iid", "tau_iid", "tau_greedy_iid", "tvd", "n_tokens"}."""
         if self._n == 0:
             raise DraftsmithError("AcceptanceMeter saw no tokens; check the eval data and its loss mask")
         alpha = min(1.0, self._alpha_sum / self._n)
@@ -116,9 +121,9 @@ class AcceptanceMeter:
         return {
             "alpha": alpha,
             "top1": top1,
-            "tau": {k: self._chain_sum[k] / self._n for k in self.ks} if chain else iid,
-            "tau_greedy": {k: self._chain_greedy_sum[k] / self._n for k in self.ks} if chain else iid_greedy,
-            "tau_estimate": "chain" if chain else "iid",
+            "tau": {k: self._n / self._rounds[k] for k in self.ks} if chain else iid,
+            "tau_greedy": {k: self._n / self._rounds_greedy[k] for k in self.ks} if chain else iid_greedy,
+            "tau_estimate": "rounds" if chain else "iid",
             "tau_iid": iid,
             "tau_greedy_iid": iid_greedy,
             "tvd": 1.0 - alpha,

@@ -5,6 +5,7 @@
 - Mean accepted length per target step, *bonus token included* (EAGLE's tau convention; gpt-fast's
   "mean accepted" excludes it):  tau = 1 + sum_{i=1..k} prod_{j<=i} a_j  with a_j the acceptance at depth j
   conditional on depths < j being accepted. i.i.d. case: tau = (1 - alpha^(k+1)) / (1 - alpha).
+- Predicted from teacher-forced text: `rounds_along_text` (tau = tokens / expected rounds).
 - Speedup model (Leviathan Thm 3.8): S = tau / (k*c + 1), c = draft step cost / target step cost.
 """
 
@@ -41,22 +42,30 @@ def tau_from_conditional(accept: Sequence[float], k: int | None = None) -> float
     return tau_tree([(0,) * d for d in range(1, len(accept) + 1)], [[a] for a in accept])
 
 
-def tau_along_text(accept: torch.Tensor, segment: torch.Tensor, ks: Sequence[int]) -> dict[int, torch.Tensor]:
-    """`tau_from_conditional` at every start position t of teacher-forced text, vectorised: drafting from t, depth i
-    is accepted with accept[t+i-1] (the acceptance measured at that position of the text), and a chain ends where
-    the text's segment (sequence) ends. accept [N] (float), segment [N] (ids, equal within one sequence) ->
-    {k: tau_t(k) [N] float64}. Exact for greedy decoding on the target's own greedy text."""
-    n, out = accept.numel(), {}
-    run = torch.ones(n, dtype=torch.float64, device=accept.device)  # prod_{j<i} a_{t+j}
-    total = torch.ones(n, dtype=torch.float64, device=accept.device)  # tau_t, bonus token included
-    for i in range(1, max(ks) + 1):
-        step = torch.zeros(n, dtype=torch.float64, device=accept.device)  # a_{t+i-1}; 0 past the text's end
-        if i - 1 < n:
-            step[: n - i + 1] = accept[i - 1 :] * (segment[i - 1 :] == segment[: n - i + 1])
-        run = run * step
-        total = total + run
-        if i in ks:
-            out[i] = total.clone()
+def rounds_along_text(accept: Sequence[float], ks: Sequence[int]) -> dict[int, float]:
+    """Expected number of target steps (rounds) that decode one teacher-forced sequence at draft length k, for every
+    k in ks. accept[t] is the acceptance of the draft token for text position t given the text before it (0/1 for
+    greedy, alpha for sampling). A round starting at t accepts depth i with accept[t+i-1] while the earlier depths
+    were accepted; its target token follows, and the next round starts after it. Rounds start where the previous
+    one ended, not at every position: averaging the chain formula over every start position instead weighs the
+    long accepted runs once per position inside them, and overstates tau (on the 1.5B's text with the 0.5B draft:
+    3.57 against 3.24 for the rounds, and 3.23 decoded). tau = len(text) / rounds; exact for greedy decoding of the
+    target's own greedy text, whose accepted tokens are the text."""
+    n, out = len(accept), {}
+    a = [float(x) for x in accept]
+    for k in ks:
+        start = [0.0] * (n + k + 2)  # probability that a round starts at position t
+        start[0] = 1.0
+        for t in range(n):
+            p = start[t]
+            if p == 0.0:
+                continue
+            for i in range(min(k, n - t)):  # depth i + 1 drafts text position t + i
+                start[t + i + 1] += p * (1.0 - a[t + i])  # rejected: the target's token ends the round
+                p *= a[t + i]
+            if t + k < n:
+                start[t + k + 1] += p  # every depth accepted: the bonus token ends the round
+        out[k] = sum(start[:n])
     return out
 
 

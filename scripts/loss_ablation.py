@@ -326,7 +326,7 @@ def report(args, table: dict, measured: dict) -> str:
              f"Target {some['target']} ({some['dtype']}), {some['n_prompts']} prompts of {primary}"
              + (f" (also: {sizes})" if sizes else "") + f", {args.max_new_tokens} new tokens, k={args.k}, seeds "
              f"{', '.join(map(str, args.seeds))} (spread = half the range over seeds), measured {some['date']}. tau "
-             f"includes the bonus token. Predicted tau: the trainer's last held-out eval (chain estimate).", "",
+             f"includes the bonus token. Predicted tau: the trainer's last held-out eval.", "",
              "| loss | T | measured tau (mean ± spread) | vs " + base + " | alpha_1 | speedup | predicted tau | "
              "predicted / measured |" + "".join(f" tau on {x} | predicted / that |" for x in labels),
              "|---|---|---|---|---|---|---|---|" + "---|---|" * len(labels)]  # fmt: skip

@@ -1,3 +1,4 @@
+import random
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -164,14 +165,32 @@ def test_one_tau_formula_chain_tree_and_text_agree():
     assert acceptance.tau_tree([(0,), (1,), (0, 0)], [[0.9, 0.05], [0.5]]) == pytest.approx(
         1 + 0.9 + 0.05 + 0.45
     )
-    # along teacher-forced text: tau_t(k) is the chain formula over the acceptances from t on, within a sequence
-    acc = torch.tensor([0.9, 0.5, 0.25, 1.0, 0.8])
-    seg = torch.tensor([0, 0, 0, 1, 1])
-    got = acceptance.tau_along_text(acc, seg, ks=[1, 3])
-    for t, (_lo, hi) in enumerate([(0, 3), (0, 3), (0, 3), (3, 5), (3, 5)]):
-        for k in (1, 3):
-            expect = acceptance.tau_from_conditional(acc[t:hi].tolist(), k)
-            assert float(got[k][t]) == pytest.approx(expect)
+
+
+def _decode_rounds(accept: list[float], k: int, rng: random.Random) -> int:
+    """Decode a text of len(accept) tokens once by the rule a decoder follows; return its target steps."""
+    t = rounds = 0
+    while t < len(accept):
+        a = 0
+        while a < k and t + a < len(accept) and rng.random() < accept[t + a]:
+            a += 1
+        t, rounds = t + a + 1, rounds + 1
+    return rounds
+
+
+def test_rounds_along_text_is_what_decoding_the_text_takes():
+    # greedy, acceptance in runs: 5 accepted tokens then 5 rejected. Rounds: one of 5 tokens (4 accepted + bonus)
+    # then one a round: 10 tokens in 6 rounds (averaging the chain formula over every start position says 2.4)
+    acc = [1.0] * 5 + [0.0] * 5
+    assert acceptance.rounds_along_text(acc, [4])[4] == 6  # [0-4], then one rejected token per round
+    assert acceptance.rounds_along_text(acc, [1])[1] == 3 + 4  # [0,1] [2,3] [4,5], then 6..9 one a round
+    assert acceptance.rounds_along_text([1.0] * 6, [4])[4] == 2  # 5 tokens, then the last one alone
+    # probabilistic acceptance: the expected rounds match decoding the text many times
+    rng = random.Random(0)
+    acc = [rng.random() for _ in range(40)]
+    for k in (1, 3, 6):
+        sims = [_decode_rounds(acc, k, rng) for _ in range(20000)]
+        assert acceptance.rounds_along_text(acc, [k])[k] == pytest.approx(sum(sims) / len(sims), rel=0.01)
 
 
 def test_data_sections_share_one_shape_and_name_renamed_keys():

@@ -99,8 +99,9 @@ def test_errors():
         AcceptanceMeter(-1.0)
 
 
-def test_chain_tau_uses_conditional_acceptance_within_sequences():
-    """tau(k) = mean_t 1 + sum_i prod_{j<i} a_{t+j}, chains never crossing a sequence boundary (hand-computed)."""
+def test_predicted_tau_counts_the_rounds_that_decode_each_sequence():
+    """tau(k) = tokens / rounds, a round starting where the last one ended and never crossing a sequence boundary
+    (hand-computed)."""
     V = 5
     target = torch.tensor([0, 1, 2, 3, 4, 0])
     match = [1, 1, 0, 1, 1, 1]
@@ -110,11 +111,11 @@ def test_chain_tau_uses_conditional_acceptance_within_sequences():
     meter = AcceptanceMeter(0.0, ks=[1, 4])
     meter.update(t_logits, d_logits, segments=torch.zeros(6, dtype=torch.long))
     res = meter.compute()
-    # k=4 runs from each start: 3, 2, 1, 4, 3, 2 -> 2.5; k=1: 1 + mean(match) = 1 + 5/6
-    assert res["tau_estimate"] == "chain"
-    assert res["tau_greedy"][4] == pytest.approx(2.5) and res["tau_greedy"][1] == pytest.approx(1 + 5 / 6)
+    # k=4: [0, 1, 2 rejected] [3, 4, 5, text ends] -> 6 / 2; k=1: [0, 1] [2 rejected] [3, 4] [5] -> 6 / 4
+    assert res["tau_estimate"] == "rounds"
+    assert res["tau_greedy"][4] == pytest.approx(3.0) and res["tau_greedy"][1] == pytest.approx(1.5)
     assert res["tau_greedy_iid"][4] == pytest.approx((1 - (5 / 6) ** 5) / (1 - 5 / 6))
-    # all tokens accepted, two sequences of 3: chains stop at the boundary -> (4+3+2)*2/6 = 3.0 (i.i.d. says 5)
+    # all tokens accepted, two sequences of 3: rounds stop at the boundary -> 6 / 2 = 3.0 (i.i.d. says 5)
     meter = AcceptanceMeter(0.0, ks=[4])
     meter.update(t_logits, t_logits, segments=torch.tensor([0, 0, 0, 1, 1, 1]))
     res = meter.compute()

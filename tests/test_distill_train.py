@@ -76,8 +76,8 @@ def test_distill_reduced_vocab_writes_hf_draft_and_resumes(
             and 0 <= held["top1"] <= 1
             and set(held["tau"]) == {str(k) for k in range(1, 9)}
         )
-        # the eval knows sequence boundaries: chain estimate, with the i.i.d. formula alongside
-        assert held["tau_estimate"] == "chain" and 1.0 <= held["tau_greedy"]["4"] <= 5.0
+        # the eval knows sequence boundaries: tokens over expected rounds, with the i.i.d. formula alongside
+        assert held["tau_estimate"] == "rounds" and 1.0 <= held["tau_greedy"]["4"] <= 5.0
         assert held["tau_greedy_iid"]["4"] == pytest.approx(sum(held["top1"] ** i for i in range(5)))
     # transformers assisted generation with the draft reproduces the target's greedy output
     from draftsmith.prompts import Prompt, prompt_ids
