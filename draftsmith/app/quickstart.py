@@ -15,7 +15,7 @@
    no generation needed, and the draft over-fits the generated answers alone) -> OUT/distill (run.yaml,
    metrics.jsonl, final/ = an HF causal LM folder);
 3. predicted acceptance before/after on the dev-eval answers (teacher-forced; greedy alpha = top-1 agreement;
-   tau(k=4) = 1 + sum_i prod_{j<i} a_{t+j} from the conditional acceptance along the text (exact per start position
+   tau(k=4) = the text's tokens over the expected rounds that decode it, from the acceptance along the text (exact
    for greedy decoding on the target's own text), the i.i.d. formula shown beside it; bonus token included), for
    the sizes the plan chose;
 4. the speculative decoder measures the draft on dev-eval prompts: tau, lossless check and wall-clock speedup
