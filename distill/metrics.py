@@ -48,7 +48,7 @@ class AcceptanceMeter:
     def reset(self) -> None:
         self._rounds = {k: 0.0 for k in self.ks}  # expected target steps over the held-out sequences, alpha
         self._rounds_greedy = {k: 0.0 for k in self.ks}  # and top-1 acceptance
-        self._chain_n = 0
+        self._walked_n = 0  # tokens that came with their sequence (segments): the rounds can be walked
         self._alpha_sum = 0.0
         self._top1_sum = 0.0
         self._n = 0
@@ -67,7 +67,7 @@ class AcceptanceMeter:
         Leading dims may be any shape ([B, T, V] works); mask (bool or 0/1, None = all) selects counted tokens.
         With vocab_ids the draft is warped over its own V_d rows (the decoder does the same) and is zero elsewhere.
         segments [N] (or [B, T], any int): which sequence each token belongs to, tokens of one sequence consecutive
-        and in order; it enables the conditional (chain) tau estimate.
+        and in order; it enables the rounds estimate of tau.
         """
         target_logits, draft_logits, rows, vocab_ids = flatten_pair(
             target_logits, draft_logits, mask, vocab_ids
@@ -97,16 +97,16 @@ class AcceptanceMeter:
             top1s.append(top1.double())
         if segments is not None and alphas:
             seg = segments.reshape(-1).to(rows.device).index_select(0, rows)
-            self._add_chains(torch.cat(alphas), torch.cat(top1s), seg)
+            self._add_rounds(torch.cat(alphas), torch.cat(top1s), seg)
 
-    def _add_chains(self, alpha: torch.Tensor, top1: torch.Tensor, seg: torch.Tensor) -> None:
+    def _add_rounds(self, alpha: torch.Tensor, top1: torch.Tensor, seg: torch.Tensor) -> None:
         """Add every sequence's expected rounds for every k (draftsmith.acceptance.rounds_along_text)."""
         cuts = (torch.nonzero(seg[1:] != seg[:-1]).flatten() + 1).tolist()
         for lo, hi in zip([0, *cuts], [*cuts, seg.numel()]):
             for acc, sums in ((alpha, self._rounds), (top1, self._rounds_greedy)):
                 for k, rounds in rounds_along_text(acc[lo:hi].tolist(), self.ks).items():
                     sums[k] += rounds
-        self._chain_n += alpha.numel()
+        self._walked_n += alpha.numel()
 
     def compute(self) -> dict:
         """{"alpha", "top1", "tau": {k: ...}, "tau_greedy": {k: ...} (tokens over expected rounds when segments were
@@ -117,13 +117,13 @@ class AcceptanceMeter:
         top1 = self._top1_sum / self._n
         iid = {k: tau_iid(alpha, k) for k in self.ks}
         iid_greedy = {k: tau_iid(top1, k) for k in self.ks}
-        chain = self._chain_n == self._n  # every token came with its segment
+        walked = self._walked_n == self._n  # every token came with its segment
         return {
             "alpha": alpha,
             "top1": top1,
-            "tau": {k: self._n / self._rounds[k] for k in self.ks} if chain else iid,
-            "tau_greedy": {k: self._n / self._rounds_greedy[k] for k in self.ks} if chain else iid_greedy,
-            "tau_estimate": "rounds" if chain else "iid",
+            "tau": {k: self._n / self._rounds[k] for k in self.ks} if walked else iid,
+            "tau_greedy": {k: self._n / self._rounds_greedy[k] for k in self.ks} if walked else iid_greedy,
+            "tau_estimate": "rounds" if walked else "iid",
             "tau_iid": iid,
             "tau_greedy_iid": iid_greedy,
             "tvd": 1.0 - alpha,
