@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from draftsmith.acceptance import tau_from_conditional
+from draftsmith.acceptance import rounds_along_text, tau_from_conditional
 from draftsmith.checkpoint import read_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import replace_dir
@@ -219,7 +219,7 @@ def chunked_soft_ce(
 
 
 def weighted_means(
-    batches, device, metrics_of, weight_of, prefixes=("acc_", "top1_", "loss_")
+    batches, device, metrics_of, weight_of, prefixes=("acc_", "top1_", "loss_", "rounds_per_token_")
 ) -> dict[str, float]:
     """Held-out evals: run `metrics_of(batch) -> {name: value}` on every batch (moved to `device`) and average the
     metrics whose names start with `prefixes`, weighted by `weight_of(batch, metrics)` (e.g. the scored tokens)."""
@@ -245,12 +245,21 @@ def shift_left(x: torch.Tensor, s: int) -> torch.Tensor:
 
 class DepthAcceptance:
     """Greedy acceptance per unroll depth i, conditional on depths < i accepted, at every column t (a draft chain
-    rooted at t uses steps 0..i at the same column): acc_i, top1_i (unconditional) and the simulated tau."""
+    rooted at t uses steps 0..i at the same column): acc_i, top1_i (unconditional) and the simulated tau.
 
-    def __init__(self, shape: tuple[int, int], device):
+    walk: the columns are consecutive round starts (EAGLE, P-EAGLE: column t drafts the token two after it at
+    depth 0), so the result also walks the rounds a greedy decoder takes along each sequence's scored text
+    (draftsmith.acceptance.rounds_along_text with acceptance per start and depth): `rounds_per_token_{k}` for
+    k = 1..depths, whose token-weighted mean over batches is 1 / tau. A run of columns scored at depth 0 is one
+    stretch of drafted text (a response); each starts with a fresh round."""
+
+    def __init__(self, shape: tuple[int, int], device, *, walk: bool = False):
         self.alive = torch.ones(shape, dtype=torch.bool, device=device)
         self.accepts: list[float] = []
         self.metrics: dict[str, float] = {}
+        self.walk = walk
+        self.hits: list[torch.Tensor] = []  # walk: per depth, the columns whose draft matches [B, T]
+        self.starts: torch.Tensor | None = None  # walk: the columns scored at depth 0
 
     @torch.no_grad()
     def update(self, i: int, valid: torch.Tensor, draft_top: torch.Tensor, target_top: torch.Tensor) -> None:
@@ -261,13 +270,50 @@ class DepthAcceptance:
         self.metrics[f"top1_{i}"] = float(ok.sum()) / max(int(valid.sum()), 1)
         self.accepts.append(self.metrics[f"acc_{i}"])
         self.alive &= ok
+        if self.walk:
+            if i == 0:
+                self.starts = valid.clone()
+            self.hits.append(ok)
+
+    def rounds(self) -> dict[str, float]:
+        """{"rounds_per_token_{k}": expected greedy rounds per drafted token} (empty without walk or text)."""
+        if not self.walk or self.starts is None:
+            return {}
+        hits = torch.stack(self.hits, -1).double().cpu()  # [B, T, depths]
+        ks = range(1, hits.shape[-1] + 1)
+        rounds, n = dict.fromkeys(ks, 0.0), 0
+        for row, starts in zip(hits, self.starts.cpu()):
+            cols = torch.nonzero(starts).flatten()
+            if cols.numel() == 0:
+                continue
+            cuts = (torch.nonzero(cols[1:] != cols[:-1] + 1).flatten() + 1).tolist()
+            for lo, hi in zip([0, *cuts], [*cuts, cols.numel()]):
+                table = row[cols[lo:hi]].tolist()  # [start][depth]; depths past the text end are never read
+                for k, r in rounds_along_text(table, ks).items():
+                    rounds[k] += r
+            n += cols.numel()
+        return {f"rounds_per_token_{k}": rounds[k] / n for k in ks} if n else {}
 
     def result(self, attention_mask: torch.Tensor) -> dict[str, float]:
         return {
             **self.metrics,
             "tau_sim": tau_from_conditional(self.accepts),
+            **self.rounds(),
             "n_tokens": float(attention_mask.sum()),
         }
+
+
+def tau_estimates(avg: dict[str, float], acc: list[float]) -> dict:
+    """A held-out eval's tau from token-weighted means of DepthAcceptance metrics: the rounds walk when the
+    metrics have it (`tau_sim` at the deepest k, every k in `tau_rounds`), else the chain formula over the
+    start-averaged conditional acceptances `acc` (which overstates tau where acceptance comes in runs); the chain
+    value is kept as `tau_chain` either way."""
+    chain = tau_from_conditional(acc)
+    ks = [k for k in range(1, len(acc) + 1) if avg.get(f"rounds_per_token_{k}")]
+    if not acc or len(ks) < len(acc):
+        return {"tau_sim": chain, "tau_chain": chain, "tau_estimate": "chain"}
+    taus = {k: 1.0 / avg[f"rounds_per_token_{k}"] for k in ks}
+    return {"tau_sim": taus[ks[-1]], "tau_rounds": taus, "tau_chain": chain, "tau_estimate": "rounds"}
 
 
 def training_vocab(

@@ -10,7 +10,8 @@ in --losses is trained with every seed in --seeds from the SAME recipe: same dat
 (data.split_seed=0 whatever the seed); only loss.kind (and train.seed) change. `A>B@N` is a schedule: loss A for
 the first N optimizer steps, then B (loss.warmup_kind / loss.warmup_steps). Then ONE process loads the target once
 and decodes every checkpoint, each interleaved with plain decoding, on prompts no run tuned on (dev-eval by
-default), greedy and at temperature 1, at the draft length --k. --prompts may name more sets, comma-separated: the
+default), greedy and at temperature 1, at the draft length --k (EAGLE-3 heads as a chain of k, the shape their
+held-out eval predicts; `eagle:` alone would decode a 24-node tree). --prompts may name more sets, comma-separated: the
 first is the one the table ranks by; the others are measured the same way and shown beside it (loss_ablation.sh adds
 training prompts the data did not use: the distribution the trainer's held-out prediction is taken on, so a gap
 between predicted and measured tau splits into the prediction's own error and the shift to the evaluation prompts).
@@ -49,14 +50,16 @@ from draftsmith.errors import DraftsmithError
 class Trainer:
     script: str  # recipe_runs trainer: distill | heads
     config: str
-    spec: str  # the eval drafter spec of a finished run, {final} = its final/ folder
+    spec: str  # the eval drafter spec of a finished run, {final} = its final/ folder, {k} = the draft length
     k: int  # the draft length users pick for it (the recipe's documented choice)
     schedules: bool  # the trainer takes loss.warmup_kind / loss.warmup_steps
 
 
 TRAINERS = {
     "distill": Trainer("distill", "recipes/smollm2-135m-quickstart.yaml", "draft:{final}", 4, True),
-    "eagle3": Trainer("heads", "recipes/heads-smollm2-135m-eagle3.yaml", "eagle:{final}", 3, False),
+    "eagle3": Trainer(
+        "heads", "recipes/heads-smollm2-135m-eagle3.yaml", "eagle:{final},top_k=1,total_tokens={k}", 3, False
+    ),
 }
 
 
@@ -170,7 +173,9 @@ def predicted(run_dir: Path, trainer: str, k: int, first: bool = False) -> dict:
     from draftsmith.acceptance import tau_from_conditional
 
     acc = (last.get("acceptance_per_depth") or [])[:k]  # EAGLE heads: greedy (top-1) acceptance per depth
-    return {"alpha_per_depth_greedy": acc, "tau_greedy": tau_from_conditional(acc) if acc else None}
+    rounds = last.get("tau_rounds") or {}  # the rounds walk (runs before it: the chain formula)
+    tau = rounds.get(str(k), rounds.get(k)) or (tau_from_conditional(acc) if acc else None)
+    return {"alpha_per_depth_greedy": acc, "tau_greedy": tau}
 
 
 def _events(path: Path) -> list[dict]:
@@ -225,7 +230,9 @@ def measure(args, cells: list[Cell]) -> dict[float, dict]:
     spec = TRAINERS[args.trainer].spec
     decoder = SpeculativeDecoder(target, tok)
     drafters = [
-        NamedDrafter(c.run.name, build_proposer(spec.format(final=c.run.final), ctx, k=args.k), args.k)
+        NamedDrafter(
+            c.run.name, build_proposer(spec.format(final=c.run.final, k=args.k), ctx, k=args.k), args.k
+        )
         for c in cells
     ]
     if reference:

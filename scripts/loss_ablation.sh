@@ -4,8 +4,8 @@
 #   bash scripts/loss_ablation.sh OUT eagle3  [loss_ablation.py options]   # the EAGLE-3 CPU recipe, shortened
 # The training data is generated once under OUT/data (the recipes' own generate commands), every run of a trainer
 # reads the same data (EAGLE-3 runs share one hidden-state cache), then scripts/loss_ablation.py trains each loss
-# with two seeds and measures every checkpoint in one decoder run (greedy and T=1) on dev-eval and, for the draft
-# LM, also on training prompts its data did not use. Writes OUT/<trainer>/ablation.*.
+# with two seeds and measures every checkpoint in one decoder run (greedy and T=1) on dev-eval and on 64 training
+# prompts its data did not use (the distribution of the trainer's held-out prediction). Writes OUT/<trainer>/ablation.*.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash scripts/loss_ablation.sh OUT distill|eagle3 [options]}
@@ -23,6 +23,7 @@ case "$TRAINER" in
     limit=400 ;;
   eagle3)
     data="$OUT/data/heads"
+    heldout="$OUT/data/train-heldout-heads.jsonl"
     # 200 of the recipe's 600 steps and 1,500 of its 6,773 text pairs (a 2-core fp32 budget); the target states a
     # run computes are cached (hybrid) in one folder every later loss and seed reads
     sets=(--set "data.source=[$data,builtin:train-text]" --set "data.limit=[null,1500]" --set train.max_steps=200
@@ -36,12 +37,11 @@ for a in "$@"; do [ "$a" = --dry ] && exec "$PY" scripts/loss_ablation.py "$OUT"
 "$PY" scripts/loss_ablation.py "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@" --dry > /dev/null
 "$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit "$limit" \
   --max-new-tokens 80 --max-prompt-tokens 160 --skip-long --out "$data"
-if [ "$TRAINER" = distill ]; then
-  [ -f "$heldout" ] || "$PY" -c "import json, sys
+[ -f "$heldout" ] || "$PY" -c "import json, sys
 from draftsmith.fileio import write_text
 from draftsmith.prompts import load_prompts
+n = int(sys.argv[2])
 write_text(sys.argv[1], ''.join(json.dumps({'messages': p.messages, 'category': p.category}) + '\n'
-                                for p in load_prompts('builtin:train')[400:464]))" "$heldout"
-  sets+=(--prompts "builtin:dev-eval,$heldout")
-fi
+                                for p in load_prompts('builtin:train')[n:n + 64]))" "$heldout" "$limit"
+sets+=(--prompts "builtin:dev-eval,$heldout")
 exec "$PY" scripts/loss_ablation.py "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@"

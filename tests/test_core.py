@@ -193,6 +193,24 @@ def test_rounds_along_text_is_what_decoding_the_text_takes():
         assert acceptance.rounds_along_text(acc, [k])[k] == pytest.approx(sum(sims) / len(sims), rel=0.01)
 
 
+def test_rounds_along_text_with_acceptance_per_round_start():
+    # a draft LM's acceptance depends only on the position: the per-start table a[t][i] = a[t + i] walks the same
+    rng = random.Random(1)
+    acc = [rng.random() for _ in range(30)]
+    table = [acc[t : t + 4] for t in range(30)]
+    assert acceptance.rounds_along_text(table, [1, 4]) == pytest.approx(
+        acceptance.rounds_along_text(acc, [1, 4])
+    )
+    # a head that drafts well only from the start of a round (depth 1 right, depth 2 wrong) and never from inside:
+    # 6 tokens, k 2: rounds start at 0, 2, 4 and each accepts one token -> 3 rounds
+    table = [[1.0, 0.0]] * 6
+    assert acceptance.rounds_along_text(table, [2])[2] == 3
+    table = [[1.0, 1.0] if t % 3 == 0 else [0.0, 0.0] for t in range(6)]  # good only from 0 and 3
+    assert acceptance.rounds_along_text(table, [2])[2] == 2  # [0, 1, +2], [3, 4, +5]
+    with pytest.raises(ValueError, match="depths"):
+        acceptance.rounds_along_text([[1.0]] * 6, [2])
+
+
 def test_data_sections_share_one_shape_and_name_renamed_keys():
     from draftsmith.config import load_config
     from draftsmith.distill.recipe import DistillConfig

@@ -208,3 +208,148 @@ def test_medusa2_lora_is_merged_into_the_target_for_decoding(tiny_dirs, tmp_path
     build_proposer(f"medusa:{tmp_path / 'm1'}", DrafterContext(other, None, torch.device("cpu")))
     with torch.no_grad():
         torch.testing.assert_close(other(ids).logits, before)
+
+
+def _fit(head, loss_of, steps: int = 40):
+    """A few Adam steps of `loss_of(head) -> (loss, metrics)`: a head that accepts some tokens and misses others."""
+    opt = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=3e-3)
+    head.train()
+    for _ in range(steps):
+        loss, _ = loss_of(head)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return head.eval()
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle", "peagle"])
+def test_heldout_rounds_walk_predicts_the_greedy_decoders_target_steps(tiny_target, kind):
+    """The heads' predicted tau walks the rounds a greedy decoder takes along teacher-forced text, with acceptance
+    per round start and depth (a head chains its own states from the round's start). On the target's own greedy
+    text it must count exactly the verify steps of decoding it; the chain formula over start-averaged conditional
+    acceptances does not."""
+    from types import SimpleNamespace
+
+    from draftsmith.heads.block.losses import peagle_loss
+    from draftsmith.heads.block.peagle import PEagleHead
+    from draftsmith.heads.block.proposers import PEagleProposer
+    from draftsmith.heads.eagle.losses import eagle1_loss, eagle3_loss
+    from draftsmith.heads.hidden import target_features
+    from draftsmith.modeling import base_decoder, output_head
+
+    target, n_new = tiny_target, 24
+    for p in target.parameters():
+        p.requires_grad_(False)
+    dec = SpeculativeDecoder(target, eos_ids=set())
+    prompts = [torch.randint(3, 300, (1, 8), generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    rows = [p[0].tolist() + dec.generate(p, None, max_new_tokens=n_new).tokens for p in prompts]
+    ids = torch.tensor(rows)
+    am = torch.ones_like(ids)
+    lm = torch.zeros_like(ids)
+    lm[:, 9:] = 1  # the response after its first token, which the prefill writes: what the rounds draft
+    feats = target_features(target, ids, am, [] if kind == "eagle" else AUX)
+    cfg = SimpleNamespace(kind="soft_ce", ttt_steps=3, decay=0.8, temperature=1.0, beta=0.5, ce_weight=0.1)
+    cfg.feature_noise = 0.0
+    torch.manual_seed(0)
+    vocab = torch.arange(target.config.vocab_size)
+    if kind == "eagle":
+        head = EagleHead.from_target(target, "eagle")
+    else:
+        head = EagleHead.from_target(target, "eagle3", draft_vocab_ids=vocab, aux_layers=AUX)
+    if kind == "peagle":
+        head = PEagleHead.from_target_head(head, mask_token_id=3, num_depths=4)
+        emb, lmw = base_decoder(target).embed_tokens.weight, output_head(target).weight
+
+        def metrics(h, rows, depths=3):
+            b = {"input_ids": ids[rows], "attention_mask": am[rows], "loss_mask": lm[rows]}
+            f = {n: v[rows] for n, v in feats.items()}
+            return peagle_loss(h, emb, lmw, f, b, depths=depths, cod_ratio=1.0)
+    else:
+        fn = eagle1_loss if kind == "eagle" else eagle3_loss
+
+        def metrics(h, rows, depths=3):
+            b = {"input_ids": ids[rows], "attention_mask": am[rows], "loss_mask": lm[rows]}
+            return fn(h, target, {n: v[rows] for n, v in feats.items()}, b, cfg, ttt_steps=depths)
+
+    head = _fit(head, lambda h: metrics(h, slice(0, 2)))
+    accepted, chain_off = 0, False
+    for k in (2, 4):
+        for s in range(4):  # two trained on, two not
+            prop = (
+                PEagleProposer(head, target, depth=k)
+                if kind == "peagle"
+                else EagleProposer(head, target, top_k=1, depth=k, total_tokens=k)
+            )
+            res = dec.generate(prompts[s], prop, k=k, max_new_tokens=n_new)
+            assert res.tokens == rows[s][8:]
+            with torch.no_grad():
+                m = metrics(head, slice(s, s + 1), depths=k)[1]
+            walked = m[f"rounds_per_token_{k}"] * (n_new - 1)
+            assert walked == pytest.approx(len(res.accepted)), (kind, k, s)
+            accepted += sum(res.accepted)
+            chain_off |= abs((n_new - 1) / m["tau_sim"] - len(res.accepted)) > 0.5
+    assert accepted > 20 and chain_off  # the head accepts, and the walk is not what the chain formula says
+
+
+def test_predicted_vs_decoded_script_counts_the_same_rounds(tiny_dirs, tmp_path, capsys):
+    """scripts/predicted_vs_decoded.py on a saved target and an EAGLE-3 head fitted to its answers: the rounds the
+    held-out eval walks along each decoded answer are the rounds the decoder took; bad input is one line, exit 2."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from draftsmith.heads.eagle.losses import eagle3_loss
+    from draftsmith.heads.hidden import target_features
+    from draftsmith.models import load_model, load_tokenizer
+    from draftsmith.prompts import load_prompts, prompt_ids
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import predicted_vs_decoded
+
+    target = load_model(tiny_dirs["target"], device="cpu").requires_grad_(False)
+    tok = load_tokenizer(tiny_dirs["target"])
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"count {w}"}) for w in ("sheep", "stars", "waves")))
+    dec = SpeculativeDecoder(target, eos_ids=set())
+    rows = []
+    for p in load_prompts(str(prompts))[
+        :2
+    ]:  # the head is fitted to two answers; the third prompt is new to it
+        ids = torch.tensor([prompt_ids(tok, p)])
+        rows.append(ids[0].tolist() + dec.generate(ids, None, max_new_tokens=24).tokens)
+    n = min(map(len, rows))
+    ids = torch.tensor([r[:n] for r in rows])
+    am = torch.ones_like(ids)
+    feats = target_features(target, ids, am, AUX)
+    batch = {"input_ids": ids, "attention_mask": am, "loss_mask": am}
+    cfg = SimpleNamespace(kind="soft_ce", ttt_steps=3, decay=0.8, temperature=1.0, beta=0.5)
+    torch.manual_seed(0)
+    head = EagleHead.from_target(target, "eagle3", draft_vocab_ids=torch.arange(384), aux_layers=AUX)
+    head = _fit(head, lambda h: eagle3_loss(h, target, feats, batch, cfg))
+    save_head(head, tmp_path / "e3")
+
+    out = tmp_path / "check.json"
+    argv = ["--target", tiny_dirs["target"], "--head", str(tmp_path / "e3"), "--prompts", str(prompts)]
+    argv += ["--k", "3", "--max-new-tokens", "24"]
+    assert predicted_vs_decoded.main([*argv, "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert len(res["rows"]) == 3
+    for r in res["rows"]:
+        assert r["predicted_rounds"] == pytest.approx(r["decoded_rounds"])
+    assert sum(r["decoded_rounds"] for r in res["rows"]) < sum(r["tokens"] for r in res["rows"])  # it accepts
+    assert "rounds equal on 3/3 prompts" in capsys.readouterr().out
+    # bad input: one line, exit 2, nothing written
+    for extra, says in (
+        (["--json", str(out)], "exists"),
+        (["--head", str(tmp_path / "nope")], "not a drafter folder"),
+        (["--k", "0"], "--k"),
+    ):
+        assert predicted_vs_decoded.main([*argv, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error:") and says in err and "\n" not in err
+    medusa = tmp_path / "m"
+    save_head(
+        MedusaHeads.from_target(target, 3, 1), medusa, extra_json={ACCURACY_FILE: {"rank_accuracy": ACC}}
+    )
+    assert predicted_vs_decoded.main([*argv, "--head", str(medusa)]) == 2
+    assert "walks rounds" in capsys.readouterr().err

@@ -184,3 +184,27 @@ def test_a_run_stopped_before_its_first_checkpoint_is_resumed(tiny_setup, capsys
     assert loss_ablation.main(argv) == 0
     assert "fkl-s0: resuming" in capsys.readouterr().out
     assert (run / "final" / "config.json").is_file()
+
+
+def test_eagle3_runs_decode_as_the_chain_their_eval_predicts(tiny_dirs, tmp_path):
+    """The heads' held-out eval predicts a chain of k; `eagle:DIR` alone decodes a 24-node tree (more accepted
+    tokens per step), so the ablation's spec must ask for the chain."""
+    import torch
+
+    from draftsmith.app.drafters import build_proposer
+    from draftsmith.decode.drafters import DrafterContext
+    from draftsmith.heads import EagleHead, save_head
+    from draftsmith.models import load_model
+
+    target = load_model(tiny_dirs["target"], device="cpu")
+    head = EagleHead.from_target(
+        target, "eagle3", draft_vocab_ids=torch.arange(0, 384, 2), aux_layers=[0, 1, 2]
+    )
+    save_head(head, tmp_path / "e3")
+    ctx = DrafterContext(
+        target=target, tokenizer=None, device=torch.device("cpu"), target_spec=tiny_dirs["target"]
+    )
+    for k in (2, 3):
+        spec = loss_ablation.TRAINERS["eagle3"].spec.format(final=tmp_path / "e3", k=k)
+        prop = build_proposer(spec, ctx, k=k)
+        assert (prop.top_k, prop.total) == (1, k), spec

@@ -22,8 +22,8 @@ def summary(cfg: HeadsConfig, res: dict) -> str:
     ev = res["eval"]
     tau = ev.get("tau_sim", ev.get("tau_tree"))
     return (
-        f"done: step {res['step']}, held-out simulated tau {tau if tau is not None else float('nan'):.2f} "
-        f"(bonus included), cache {res['cache_bytes_per_token']} B/token -> {res['final_dir']}"
+        f"done: step {res['step']}, held-out predicted tau {tau if tau is not None else float('nan'):.2f} "
+        f"(bonus included; {ev.get('tau_estimate', 'chain')}), cache {res['cache_bytes_per_token']} B/token -> {res['final_dir']}"
     )
 
 

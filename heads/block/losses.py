@@ -262,7 +262,8 @@ def peagle_loss(
     total = out.new_zeros((), dtype=torch.float32)
     n_rows, metrics = 0, {}
     # conditional acceptance is exact when cod_ratio = 1 (every column kept at every depth)
-    acc = DepthAcceptance((b, t), ids.device)
+    # column t's round drafts x_{t+2}, x_{t+3}, ...: the held-out eval (every column at every depth) walks rounds
+    acc = DepthAcceptance((b, t), ids.device, walk=exact_acceptance and cod_ratio >= 1.0)
     for d, sl in enumerate(bounds):
         c_d = torch.arange(t, device=ids.device) if d == 0 else cols[d - 1]
         lab = c_d + 2 + d  # token predicted by row (d, t)

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.acceptance import tau_from_conditional
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.block.dflash import DFlashDrafter
 from draftsmith.heads.block.losses import dflash_loss, peagle_loss
 from draftsmith.heads.block.peagle import PEagleHead
-from draftsmith.heads.common import weighted_means
+from draftsmith.heads.common import tau_estimates, weighted_means
 from draftsmith.heads.eagle.model import EagleHead
 from draftsmith.heads.targetinit import apply_init
 from draftsmith.modeling import base_decoder, output_head
@@ -195,7 +194,8 @@ def block_step(
 
 @torch.no_grad()
 def evaluate_block(head, target, batches: list[dict], hidden, loss_cfg) -> dict:
-    """Held-out: acceptance per draft position (conditional, exact full-vocab argmax), simulated tau, loss per
+    """Held-out: acceptance per draft position (conditional, exact full-vocab argmax), predicted tau (P-EAGLE: the
+    rounds walk along the responses; DFlash, whose blocks sit at random anchors: the chain formula), loss per
     position. Anchors are drawn with a fixed seed so successive evals score the same blocks."""
     dev = next(head.parameters()).device
     gen = torch.Generator().manual_seed(0)
@@ -210,6 +210,6 @@ def evaluate_block(head, target, batches: list[dict], hidden, loss_cfg) -> dict:
     return {
         "acceptance_per_position": acc,
         "acceptance_per_depth": acc,
-        "tau_sim": tau_from_conditional(acc),
+        **tau_estimates(avg, acc),
         "loss_per_position": [avg[f"loss_{i}"] for i in range(n_pos) if f"loss_{i}" in avg],
     }

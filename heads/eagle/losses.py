@@ -9,7 +9,8 @@ time. Loss = sum_i decay^i * L_i (EAGLE-3 sec. 3.2, decay 0.8).
   eagle3: L_i = soft CE(p restricted to the draft vocab and renormalised, q)   (or any draftsmith divergence)
   eagle : L_i = SmoothL1(out, f_{t+1+i}) + 0.1 * soft CE(p, q), q through the frozen target lm_head (EAGLE-1)
 Per-depth greedy acceptance a_i = P(argmax q == argmax p at depth i | depths < i accepted), teacher-forced, and
-the simulated tau = 1 + sum_i prod_{j<=i} a_j (draftsmith.acceptance.tau_from_conditional; bonus included).
+the expected greedy rounds along each scored text (column t is the round whose first draft is x_{t+2};
+heads.common.DepthAcceptance), whose tokens per round is the predicted tau (bonus included).
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def eagle3_loss(
     (draftsmith.heads.hidden); batch: input_ids / attention_mask / loss_mask [B, T]; cfg: the recipe's loss
     section (kind, ttt_steps, decay, temperature, beta); ttt_steps overrides cfg.ttt_steps (evals unroll deeper).
     exact_acceptance: compare with the target's argmax over the FULL vocabulary (one [H, V] matmul per token);
-    False compares within the draft vocabulary only (cheaper, slightly optimistic) -- for training logs.
+    False compares within the draft vocabulary only (cheaper, slightly optimistic) -- for training logs. The exact
+    (held-out) pass also walks the greedy rounds along the text (rounds_per_token_k, heads.common.DepthAcceptance).
     Returns (scalar loss, metrics incl. loss_i, acc_i, top1_i and tau_sim)."""
     input_ids, attention_mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
     b, t = input_ids.shape
@@ -121,7 +123,7 @@ def eagle3_loss(
             tgt_probs = torch.zeros(b, t, w_d.shape[0], dtype=torch.float32, device=input_ids.device)
             tgt_probs[any_valid] = torch.softmax(draft_vocab_logits.float(), -1)
     total = last.new_zeros((), dtype=torch.float32)
-    acceptance = DepthAcceptance((b, t), input_ids.device)
+    acceptance = DepthAcceptance((b, t), input_ids.device, walk=exact_acceptance)
     steps = ttt_steps or cfg.ttt_steps
     for i, out in ttt_unroll(head, embed_weight, feats["aux"].to(dtype), input_ids, attention_mask, steps):
         valid = shift_left(loss_mask, 2 + i).bool()
@@ -156,7 +158,7 @@ def eagle1_loss(
     """EAGLE-1: L_i = SmoothL1(out, f_{t+1+i}) + cfg.ce_weight * soft CE(p, q), q through the frozen target
     lm_head; uniform noise of width cfg.feature_noise on the input features while training. Same arguments and
     metrics as eagle3_loss (feats: "last" only); acceptance is always exact (the head predicts over the full
-    vocabulary), so `exact_acceptance` changes nothing."""
+    vocabulary), so `exact_acceptance` only asks for the rounds walk, as in eagle3_loss."""
     input_ids, attention_mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
     b, t = input_ids.shape
     dtype = head.fc.weight.dtype
@@ -171,7 +173,7 @@ def eagle1_loss(
         tgt_top = torch.zeros(b, t, dtype=torch.long, device=input_ids.device)
         tgt_top[any_valid] = F.linear(last[any_valid], lm_full).argmax(-1)
     total = last.new_zeros((), dtype=torch.float32)
-    acceptance = DepthAcceptance((b, t), input_ids.device)
+    acceptance = DepthAcceptance((b, t), input_ids.device, walk=exact_acceptance)
     for i, out in ttt_unroll(
         head, embed_weight, hidden, input_ids, attention_mask, ttt_steps or cfg.ttt_steps
     ):

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.acceptance import tau_from_conditional
 from draftsmith.errors import DraftsmithError
-from draftsmith.heads.common import weighted_means
+from draftsmith.heads.common import tau_estimates, weighted_means
 from draftsmith.heads.eagle.losses import EAGLE_LOSSES
 from draftsmith.heads.eagle.model import EagleHead, default_aux_layers
 from draftsmith.heads.targetinit import apply_init
@@ -92,8 +91,9 @@ def loss(tr, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
 
 @torch.no_grad()
 def evaluate(trainer, batches: list[dict], hidden, eval_cfg) -> dict:
-    """Per-depth conditional acceptance (training-time-test unroll of eval.depth steps) and simulated
-    tau = 1 + sum_i prod_{j<=i} a_j (bonus included)."""
+    """Per-depth conditional acceptance (training-time-test unroll of eval.depth steps) and the predicted greedy
+    tau: tokens per expected round along the held-out responses, for every k up to eval.depth (heads.common.
+    tau_estimates; bonus included)."""
     head, c, t = trainer.head, trainer.loss_cfg, trainer.frozen_target
     depth = eval_cfg.depth
     avg = weighted_means(
@@ -105,6 +105,6 @@ def evaluate(trainer, batches: list[dict], hidden, eval_cfg) -> dict:
     acc = [avg[f"acc_{i}"] for i in range(depth) if f"acc_{i}" in avg]
     return {
         "acceptance_per_depth": acc,
-        "tau_sim": tau_from_conditional(acc),
+        **tau_estimates(avg, acc),
         "loss_per_depth": [avg[f"loss_{i}"] for i in range(depth) if f"loss_{i}" in avg],
     }
