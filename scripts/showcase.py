@@ -8,7 +8,7 @@
 2. training: every recipe `recipes/qwen2.5-coder-1.5b-*.yaml` and `recipes/heads-qwen2.5-coder-1.5b-*.yaml` whose
    OUT/<name>/final is missing is trained (an unfinished run resumes); then the training-free layer-skip search.
 3. one benchmark process: the target loaded once; plain decoding, every trained drafter, `ngram:`, the 0.5B as it
-   is, layer skip, and every draft LM without a reduced vocabulary again with OUT/vocab-32k (`<name>-vocab32k`:
+   is, layer skip (at the k its search chose), and every draft LM without a reduced vocabulary again with OUT/vocab-32k (`<name>-vocab32k`:
    FR-Spec's cheaper lm_head, still lossless) (draftsmith.decode.evaluate.measure: per prompt, all of them back to back in a rotated order),
    then transformers' `generate`, `assistant_model` (the same 0.5B) and prompt lookup the same way, in one loop
    with draftsmith's plain and `draft:` decoding of the same 0.5B (the ratios between the two libraries come from
@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -46,6 +47,9 @@ SPECS = {
 }
 """kind -> (the eval spec of a trained folder, its draft length k): chains, the setting the CPU recipes measured best."""
 BASELINES = [("ngram", "ngram:", 4), ("draft-0.5b-as-is", f"draft:{SMALL}", 4)]
+LAYERSKIP_K = 3
+"""Layer skip's draft length in the plan before the search has run; once OUT/layerskip exists, the bench decodes it
+at the k the search measured best (config.json search.k), not at a k it was not chosen for."""
 VOCAB, VOCAB_SIZE = "vocab-32k", 32768
 """OUT/vocab-32k: the data's most frequent target ids (`draftsmith vocab`), the reduced output vocabulary the bench
 gives every full-vocabulary draft LM as a second row (`<name>-vocab32k`: draft:<model>,vocab=OUT/vocab-32k)."""
@@ -77,8 +81,22 @@ def drafter_specs(
         specs.append((run.name, template.format(final=run.final), k))
         if kind == "distill" and not configs[run.name].model.vocab_size:
             specs.append((f"{run.name}-vocab32k", f"{template.format(final=run.final)},vocab={vocab}", k))
-    specs.append(("layerskip", f"layerskip:{out / 'layerskip'}", 3))
+    specs.append(("layerskip", f"layerskip:{out / 'layerskip'}", layerskip_k(out)))
     return [s for s in specs if s[0] not in skip]
+
+
+def layerskip_k(out: Path) -> int:
+    """The k the layer-skip search in OUT/layerskip chose (LAYERSKIP_K while it has not run)."""
+    cfg = out / "layerskip" / "config.json"
+    if not cfg.is_file():
+        return LAYERSKIP_K
+    try:
+        k = json.loads(cfg.read_text())["search"]["k"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        k = None
+    if not isinstance(k, int) or k < 1:
+        raise DraftsmithError(f"{cfg} has no search.k; move {cfg.parent} away to search again")
+    return k
 
 
 def _exists(spec: str) -> bool:
@@ -271,6 +289,7 @@ def _main(argv: list[str] | None) -> int:
         r.run(label=f"[{i + 1}/{len(runs)}] ")
     if any(n == "layerskip" for n, _, _ in specs):
         layerskip(args.out)
+        specs = drafter_specs(args.out, runs, configs, args.skip)  # the k the search chose
     parse_drafters(
         [f"{n}={s}@{k}" for n, s, k in specs]
     )  # every folder is there now: all checked before loading

@@ -1,5 +1,6 @@
 """scripts/showcase.py --dry: every Qwen recipe validated with the output paths, the plan printed, nothing written."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,23 @@ def test_bench_settings_are_checked_before_anything_trains(tmp_path, capsys, ext
     err = capsys.readouterr().err
     assert message in err and err.startswith("error: ") and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_layer_skip_is_benched_at_the_k_its_search_chose(tmp_path, capsys):
+    """Before the search the plan shows the default k; once OUT/layerskip holds a search, its k is the bench's (a
+    search that chose k 2 was benched at k 3 and lost, 0.86x, where it had measured 1.05x at k 2)."""
+    out = tmp_path / "sc"
+    args = [str(out), "--dry", "--skip", "draft-0.5b-lora", "--skip", "draft-0.5b-pruned"]
+    assert showcase.main(args) == 0
+    assert (
+        f"bench layerskip: layerskip:{out / 'layerskip'} @ k={showcase.LAYERSKIP_K}"
+        in capsys.readouterr().out
+    )
+    (out / "layerskip").mkdir(parents=True)
+    cfg = out / "layerskip" / "config.json"
+    cfg.write_text(json.dumps({"draftsmith_drafter": "layerskip", "skip_layers": [1], "search": {"k": 2}}))
+    assert showcase.layerskip_k(out) == 2
+    assert ("layerskip", f"layerskip:{out / 'layerskip'}", 2) in showcase.drafter_specs(out, [], {})
+    cfg.write_text(json.dumps({"draftsmith_drafter": "layerskip", "skip_layers": [1], "search": {}}))
+    with pytest.raises(showcase.DraftsmithError, match="search.k"):
+        showcase.layerskip_k(out)
