@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -87,15 +86,16 @@ def drafter_specs(
 
 def layerskip_k(out: Path) -> int:
     """The k the layer-skip search in OUT/layerskip chose (LAYERSKIP_K while it has not run)."""
+    from draftsmith.checkpoint import read_json
+
     cfg = out / "layerskip" / "config.json"
     if not cfg.is_file():
         return LAYERSKIP_K
-    try:
-        k = json.loads(cfg.read_text())["search"]["k"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError):
-        k = None
+    again = f"move {cfg.parent} away to search again"
+    search = read_json(cfg, again).get("search")
+    k = search.get("k") if isinstance(search, dict) else None
     if not isinstance(k, int) or k < 1:
-        raise DraftsmithError(f"{cfg} has no search.k; move {cfg.parent} away to search again")
+        raise DraftsmithError(f"{cfg} has no search.k; {again}")
     return k
 
 
