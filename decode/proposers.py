@@ -7,7 +7,6 @@ Instances are reusable across prompts: `begin()` resets all per-sequence state.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 from draftsmith.vocab import softcap_logits
@@ -48,8 +47,12 @@ class DraftModelProposer:
         self.decoder = model.get_decoder()
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(self.device, torch.long)
         lm_w = model.get_output_embeddings().weight
-        # rows the draft may emit: the kept vocabulary, or every row the target also has
-        self.head_weight = lm_w[self.vocab_ids] if self.vocab_ids is not None else None
+        # rows the draft may emit: the kept vocabulary (a head of their rows, an nn.Linear so that the decoder's
+        # CPU weight layout tunes it like the model's own), or every row the target also has
+        self.head = None
+        if self.vocab_ids is not None:
+            self.head = torch.nn.Linear(lm_w.shape[1], self.vocab_ids.numel(), bias=False, device="meta")
+            self.head.weight = torch.nn.Parameter(lm_w[self.vocab_ids].detach(), requires_grad=False)
         self.out_size = (
             self.vocab_ids.numel()
             if self.vocab_ids is not None
@@ -76,7 +79,7 @@ class DraftModelProposer:
         The model's own forward runs only for one column: with several (a prompt, two tokens after a full accept)
         its logits_to_keep slice reaches the lm_head as a strided 3-D tensor, and a CPU then copies the whole head
         for the product (~0.45 s for a 150k-row head in bf16, against ~11 ms from the [B, H] rows used here)."""
-        if self.head_weight is None and last is None and ids.shape[1] == 1:
+        if self.head is None and last is None and ids.shape[1] == 1:
             return self.model(ids, cache=self.cache.cache, use_cache=True, **kw).logits[
                 :, -1, : self.out_size
             ]
@@ -86,8 +89,8 @@ class DraftModelProposer:
             if last is None
             else h[torch.arange(h.shape[0], device=h.device), torch.tensor(last, device=h.device)]
         )
-        if self.head_weight is not None:
-            return softcap_logits(self.model.config, F.linear(h, self.head_weight))
+        if self.head is not None:
+            return softcap_logits(self.model.config, self.head(h))
         return softcap_logits(self.model.config, self.model.get_output_embeddings()(h)[:, : self.out_size])
 
     def _feed_committed(self) -> torch.Tensor:

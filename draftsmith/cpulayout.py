@@ -11,14 +11,20 @@ backend calls; same weight, same shapes) is up to ~1.8x faster for 4-16 rows of 
 
 On x86 CPUs with AVX2 and FMA a fourth kernel is offered: draftsmith.cpukernels.stream_linear, which reads
 a row-major weight once for up to 16 rows (BLAS re-reads it per row there), so a 2-3 token verify of a memory-bound
-target costs about one decode step.
+target costs about one decode step. A fifth, "packed", is oneDNN's inner product on the weight reordered into
+oneDNN's own blocked format (torch.ops.mkldnn._reorder_linear_weight: the weight that inductor's CPU freezing
+pass packs). On a 2-core AMX Xeon in bf16 it streams every shape of Qwen2.5-Coder-0.5B/1.5B at 17-22 GB/s, where
+F.linear on the row-major weight reaches 10-12 GB/s for the 0.5B's 896-wide projections and 15-19 GB/s for the
+1.5B's (RESULTS.md). The blocked tensor is not a matrix any other op can read, so it is only ever a copy.
 
 `tune_linears(model)` times, for each distinct weight shape once per process and for each row count of ROWS, every
 kernel on the layout it reads: "row" (F.linear on the row-major weight, nn.Linear's own), "col" (F.linear on a
-column-major copy), "onednn" (oneDNN on the column-major weight, where it runs for the dtype) and "stream". Each
+column-major copy), "onednn" (oneDNN on the column-major weight, where it runs for the dtype), "stream" and
+"packed" (oneDNN on the blocked copy, where it runs for the dtype). Each
 Linear keeps the layout whose kernels cost least over the row counts as a decode weighs them (ROW_WEIGHT: one row as
 much as the verify blocks of the usual k; nn.Linear's row-major layout unless column-major wins by MARGIN), its
-"primary", and a copy in the other layout where a kernel on it wins a row count by MARGIN. Copies are kept in the
+"primary" (row- or column-major), and one copy in another layout (the other of the two, or the blocked one)
+where kernels on it win row counts by MARGIN: the copy layout that saves most. Copies are kept in the
 order of what they save until they fill `max_extra_bytes` (by default a quarter of the memory available): on a
 memory-bound target both the one-row kernel of a plain step and the few-row kernel of a verify then run at their
 best, where a single layout would make one of them pay (Qwen2.5-Coder-1.5B on a 2-core AMD EPYC: column-major alone
@@ -64,6 +70,8 @@ ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 
 _DECISIONS: dict[tuple[int, int, torch.dtype], Plan] = {}
 """(in, out, dtype) -> the measured plan (per process)."""
+_MEDIANS: dict[tuple[int, int, torch.dtype], dict[int, dict[str, float]] | None] = {}
+"""(in, out, dtype) -> the median seconds the plan was chosen from (None: a kept plan without them)."""
 
 REPS, MARGIN = 7, 0.05
 """A kernel other than the primary layout's own F.linear is chosen for a row count only if its median time is >= 5%
@@ -76,7 +84,7 @@ plain decode step, a draft model's step) as for the verify blocks of the usual k
 long verifies (12-16) and least for batched verifies and prefill (32+), which a CPU decode rarely runs. Every count
 weighs as a ratio to its fastest kernel, so the slow large products do not outweigh the fast small ones."""
 EXTRA_SHARE = 0.25
-"""By default the copies in the other layout may take this share of the memory available when tuning starts."""
+"""By default the copies in another layout may take this share of the memory available when tuning starts."""
 BUSY_SHARE = 0.15
 """A measurement during which other processes used more than this share of this process's CPUs is not kept."""
 _STREAM_BYTES = 32 << 20
@@ -92,16 +100,27 @@ def _stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 KERNELS: dict[str, tuple] = {"row": (F.linear, "row"), "col": (F.linear, "col"), "onednn": (_onednn, "col"),
-                             "stream": (_stream, "row")}  # fmt: skip
+                             "stream": (_stream, "row"), "packed": (_onednn, "packed")}  # fmt: skip
 """kernel name -> (function(x, weight, bias), the weight layout it reads)."""
 DEFAULT = {"row": "row", "col": "col"}
-"""The kernel a layout runs when nothing beat it: F.linear."""
+"""The kernel a layout runs when nothing beat it: F.linear. Only these two layouts can be a Linear's weight."""
+
+
+def lay_out(weight: torch.Tensor, layout: str) -> torch.Tensor:
+    """A copy of a weight [out, in] in `layout`: row-major, column-major (an [in, out] contiguous tensor viewed as
+    [out, in]) or packed (oneDNN's blocked format for few-row products; readable only by the "packed" kernel)."""
+    w = weight.detach()
+    if layout == "row":
+        return w.contiguous()
+    if layout == "col":
+        return w.t().contiguous().t()
+    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1)
 
 
 @dataclass(frozen=True)
 class Plan:
     """For one weight shape: the layout the weight is stored in, and the kernel of each measured row count that does
-    not run the layout's own F.linear (a kernel on the other layout needs a copy)."""
+    not run the layout's own F.linear (a kernel on another layout needs a copy)."""
 
     layout: str
     kernel_of: dict[int, str] = field(default_factory=dict)
@@ -111,7 +130,12 @@ class Plan:
 
     @property
     def needs_copy(self) -> bool:
-        return any(KERNELS[k][1] != self.layout for k in self.kernel_of.values())
+        return self.copy_layout is not None
+
+    @property
+    def copy_layout(self) -> str | None:
+        """The layout of the one copy the plan reads (None: no copy)."""
+        return next((KERNELS[k][1] for k in self.kernel_of.values() if KERNELS[k][1] != self.layout), None)
 
     def without_copy(self) -> Plan:
         return Plan(self.layout, {r: k for r, k in self.kernel_of.items() if KERNELS[k][1] == self.layout})
@@ -135,7 +159,7 @@ def reference_kernels():
 
 class TunedLinear(nn.Linear):
     """nn.Linear whose weight is stored in the measured layout and whose forward runs the kernel measured fastest for
-    its row count (on a copy in the other layout where that kernel reads it)."""
+    its row count (on a copy in another layout where that kernel reads it)."""
 
     plan: Plan
 
@@ -182,15 +206,18 @@ def _time(kernel, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
 
 
 def _candidates(dtype: torch.dtype, in_features: int) -> dict[str, tuple]:
-    """The kernels that run here for this dtype and width: F.linear always, oneDNN where torch has it for the dtype
-    (not for bf16 on CPUs without native bf16), stream for fp32 on AVX2+FMA with in_features % 8 == 0."""
+    """The kernels that run here for this dtype and width: F.linear always, oneDNN (on the column-major and on the
+    packed weight) where torch has it for the dtype (not for bf16 on CPUs without native bf16), stream for fp32 on
+    AVX2+FMA with in_features % 8 == 0."""
     names = ["row", "col"]
     if hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available():
-        try:
-            _onednn(torch.randn(2, in_features).to(dtype), torch.randn(in_features, 4).to(dtype).t(), None)
-            names.append("onednn")
-        except RuntimeError:
-            pass
+        x, w = torch.randn(2, in_features).to(dtype), torch.randn(4, in_features).to(dtype)
+        for name in ("onednn", "packed"):
+            try:
+                _onednn(x, lay_out(w, KERNELS[name][1]), None)
+                names.append(name)
+            except (RuntimeError, AttributeError):  # AttributeError: a torch without the reorder op
+                pass
     if dtype == torch.float32 and in_features % 8 == 0 and cpukernels.available():
         names.append("stream")
     return {n: KERNELS[n] for n in names}
@@ -207,9 +234,9 @@ def _cost(med: dict[int, dict[str, float]], plan: Plan) -> float:
 def _choose(med: dict[int, dict[str, float]]) -> Plan:
     """The plan from median seconds per row count and kernel: per layout, each row count takes the best kernel on
     that layout if it beats the layout's own F.linear by MARGIN; the primary layout is the one whose plan costs
-    least (ROW_WEIGHT; column-major only if MARGIN below row-major); then each row count may take a kernel on the
-    other layout, again by MARGIN (a copy: tune_linears keeps copies in the order of what they save while memory
-    allows)."""
+    least (ROW_WEIGHT; column-major only if MARGIN below row-major); then each row count may take a kernel on
+    another layout, again by MARGIN: one copy at most, in the layout (the other of row- and column-major, or packed)
+    whose plan costs least (tune_linears keeps copies in the order of what they save while memory allows)."""
 
     def best_plan(layout: str, kernels: set[str]) -> Plan:
         kernel_of = {}
@@ -219,9 +246,14 @@ def _choose(med: dict[int, dict[str, float]]) -> Plan:
                 kernel_of[n] = best
         return Plan(layout, kernel_of)
 
-    own = {lay: best_plan(lay, {k for k, (_, kl) in KERNELS.items() if kl == lay}) for lay in ("row", "col")}
+    def on(*layouts: str) -> set[str]:
+        return {k for k, (_, kl) in KERNELS.items() if kl in layouts}
+
+    own = {lay: best_plan(lay, on(lay)) for lay in DEFAULT}
     layout = "col" if _cost(med, own["col"]) < (1.0 - MARGIN) * _cost(med, own["row"]) else "row"
-    dual = best_plan(layout, set(KERNELS))
+    # one copy at most: of each other layout, the plan it makes possible; the cheapest wins
+    duals = [best_plan(layout, on(layout, other)) for other in ("row", "col", "packed") if other != layout]
+    dual = min(duals, key=lambda p: _cost(med, p))
     if not dual.needs_copy:
         return own[layout]
     saving = 1.0 - _cost(med, dual) / _cost(med, own[layout])
@@ -315,6 +347,28 @@ def _kept_plan(entry, dtype: torch.dtype, in_features: int) -> Plan | None:
     return plan if ok else None
 
 
+def _kept_medians(entry: dict) -> dict[int, dict[str, float]] | None:
+    """The median seconds a kept plan was chosen from, or None where the entry lacks them."""
+    try:
+        return {int(n): {k: float(v) / 1e6 for k, v in m.items()} for n, m in entry["median_us"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def plan_without(in_features: int, out_features: int, dtype: torch.dtype, kernels: frozenset[str]) -> Plan:
+    """The plan this process would choose for a shape if `kernels` did not exist (same medians, so a benchmark can
+    time a kernel's contribution in one process); the shape is measured first if it has not been."""
+    plan = measure_shape(in_features, out_features, dtype)
+    med = _MEDIANS.get((in_features, out_features, dtype))
+    if not kernels:
+        return plan
+    if (
+        med is None
+    ):  # no medians to choose again from: those row counts fall back to the layout's own F.linear
+        return Plan(plan.layout, {n: k for n, k in plan.kernel_of.items() if k not in kernels})
+    return _choose({n: {k: v for k, v in m.items() if k not in kernels} for n, m in med.items()})
+
+
 def _keep(key: str, plan: Plan, med: dict, share: float | None) -> None:
     """Add a measured plan to this machine's file (read, merge, atomic write); a cache that cannot be written only
     means the next process measures again."""
@@ -337,11 +391,15 @@ def measure_shape(in_features: int, out_features: int, dtype: torch.dtype) -> Pl
     if key in _DECISIONS:
         return _DECISIONS[key]
     name = _shape_key(*key)
-    plan = None if mode() == "retune" else _kept_plan(_read_kept().get(name), dtype, in_features)
+    entry = None if mode() == "retune" else _read_kept().get(name)
+    plan = _kept_plan(entry, dtype, in_features)
     _ORIGIN[key] = "kept"
-    if plan is None:
+    if plan is not None:
+        _MEDIANS[key] = _kept_medians(entry)
+    else:
         med, share = others_share(lambda: measure_medians(in_features, out_features, dtype))
         plan = _choose(med)
+        _MEDIANS[key] = med
         if share is None or share <= BUSY_SHARE:
             _keep(name, plan, med, share)
             _ORIGIN[key] = "measured"
@@ -359,9 +417,10 @@ def measure_medians(in_features: int, out_features: int, dtype: torch.dtype) -> 
     # a huge head (a 128k-token vocabulary): time a slice of it
     out_rows = max(1, min(out_features, 2 * _STREAM_BYTES // row_bytes))
     copies = max(1, min(64, _STREAM_BYTES // (out_rows * row_bytes)))
-    weights = {"row": [torch.randn(out_rows, in_features).to(dtype) for _ in range(copies)]}
-    weights["col"] = [w.t().contiguous().t() for w in weights["row"]]
     kernels = _candidates(dtype, in_features)
+    weights = {"row": [torch.randn(out_rows, in_features).to(dtype) for _ in range(copies)]}
+    for layout in {KERNELS[k][1] for k in kernels} - {"row"}:
+        weights[layout] = [lay_out(w, layout) for w in weights["row"]]
     med = {}
     for n in ROWS:
         x = torch.randn(n, in_features).to(dtype)
@@ -407,16 +466,18 @@ def available_bytes() -> int:
 
 
 @torch.no_grad()
-def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) -> dict:
+def tune_linears(
+    model: nn.Module | None, max_extra_bytes: int | None = None, without: frozenset[str] = frozenset()
+) -> dict:
     """Give the frozen CPU Linears of `model` the measured layout and kernels for small-row products (see the module
-    doc). Copies in the other layout are kept in the order of what they save, up to `max_extra_bytes` in all
+    doc). Copies in another layout are kept in the order of what they save, up to `max_extra_bytes` in all
     (default: EXTRA_SHARE of the memory available now); a Linear whose copy does not fit keeps its own layout's
     kernels. Idempotent. Every one becomes a TunedLinear, which runs its rows as one 2-D product; those whose plan
     is nn.Linear's own layout and kernel count as "plain", the others as "tuned". Returns a summary: Linears tuned
-    and plain, how many were re-laid out column-major, how many keep a copy in the other layout, the extra MiB, how
+    and plain, how many were re-laid out column-major, how many keep a copy in another layout, the extra MiB, how
     many copies did not fit, per shape its layout and the row counts of each kernel it runs, and where the plans
     came from (kept on this machine, measured now, or measured while other processes used the CPU: that share, per
-    shape)."""
+    shape). `without`: kernels to leave out (benchmarks: the plans as they would be without them, plan_without)."""
     summary = {
         "tuned": 0,
         "plain": 0,
@@ -440,7 +501,9 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) ->
     ]
     if not linears:
         return summary
-    measured = {m: measure_shape(m.weight.shape[1], m.weight.shape[0], m.weight.dtype) for m in linears}
+    measured = {
+        m: plan_without(m.weight.shape[1], m.weight.shape[0], m.weight.dtype, without) for m in linears
+    }
     for key in {(m.weight.shape[1], m.weight.shape[0], m.weight.dtype) for m in linears}:
         origin = _ORIGIN.get(key, "measured")
         if isinstance(origin, float):
@@ -490,8 +553,7 @@ def tune_linears(model: nn.Module | None, max_extra_bytes: int | None = None) ->
             m.weight = nn.Parameter(old.detach().t().contiguous().t(), requires_grad=False)
             summary["column_major"] += 1
         if plan.needs_copy:
-            other = old.detach() if plan.layout == "col" else old.detach().t().contiguous().t()
-            m.register_buffer("other_layout", other, persistent=False)
+            m.register_buffer("other_layout", lay_out(old, plan.copy_layout), persistent=False)
             summary["dual"] += 1
         if plan.needs_copy or (
             tied and plan.layout == "col"
@@ -521,7 +583,7 @@ def describe(summary: dict) -> str:
     return (
         f"{summary['tuned']} Linears tuned ({plain} more keep nn.Linear's kernels), "
         f"{summary['column_major']} column-major{'; ' + others if others else ''}; "
-        f"a copy in the other layout in {summary['dual']} (+{summary['extra_mib']} MiB)"
+        f"a copy in another layout in {summary['dual']} (+{summary['extra_mib']} MiB)"
         + (f", {summary['copies_left_out']} more did not fit" if summary.get("copies_left_out") else "")
         + (f"; shape plans: {origin}" if origin else "")
     )
