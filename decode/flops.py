@@ -46,6 +46,10 @@ def weight_storages(*objs, depth: int = 3) -> dict[int, int]:
         seen.add(id(x))
         if isinstance(x, nn.Module):
             for t in [*x.parameters(), *x.buffers()]:
+                if (
+                    t.is_mkldnn
+                ):  # a blocked copy (cpulayout's packed kernel): counting reads its weight instead
+                    continue
                 out[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         elif isinstance(x, (list, tuple)):
             for v in x:

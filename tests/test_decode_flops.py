@@ -47,13 +47,17 @@ def test_a_lookup_drafter_costs_no_flops(tiny_target):
     assert got["weight_share"] == 0.0
 
 
-def test_tuned_cpu_kernels_are_counted_like_f_linear(tiny_target, tiny_draft, monkeypatch):
-    """The layout tuner's oneDNN kernel does not pass through torch's dispatch: decode_flops counts every tuned
-    Linear as F.linear, so a tuned target and draft give the untuned counts (FLOPs and weight bytes)."""
+@pytest.mark.parametrize("layout, kernel", [("col", "onednn"), ("row", "packed")])
+def test_tuned_cpu_kernels_are_counted_like_f_linear(tiny_target, tiny_draft, monkeypatch, layout, kernel):
+    """The layout tuner's oneDNN kernels do not pass through torch's dispatch: decode_flops counts every tuned
+    Linear as F.linear, so a tuned target and draft give the untuned counts (FLOPs and weight bytes; a blocked
+    copy, which has no storage torch can name, is neither read nor counted)."""
+    if kernel not in cpulayout._candidates(torch.float32, 64):
+        pytest.skip(f"this torch has no {kernel} kernel for fp32")
     dec = SpeculativeDecoder(tiny_target, None)
     want = decode_flops(dec, DraftModelProposer(tiny_draft, 384), PROMPT, k=3)
     monkeypatch.setattr(cpulayout, "_DECISIONS", {})
-    plan = cpulayout.Plan("col", {n: "onednn" for n in cpulayout.ROWS})  # every row count on oneDNN
+    plan = cpulayout.Plan(layout, {n: kernel for n in cpulayout.ROWS})  # every row count on oneDNN
     monkeypatch.setattr(cpulayout, "measure_shape", lambda i, o, dtype: plan)
     target = copy.deepcopy(tiny_target).requires_grad_(False)
     draft = copy.deepcopy(tiny_draft).requires_grad_(False)
