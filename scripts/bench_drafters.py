@@ -47,7 +47,9 @@ BENCH_FILES = ("bench.json", "bench.png", "bench-batch.png")
 def extra_bytes(obj, target) -> int:
     """Bytes of the tensors reachable from a proposer's attributes (modules included) that do not live in the
     target's own parameter/buffer storage: what drafting adds to memory beside the target (KV caches excluded)."""
-    own = {t.untyped_storage().data_ptr() for t in [*target.parameters(), *target.buffers()]}
+    own = {
+        t.untyped_storage().data_ptr() for t in [*target.parameters(), *target.buffers()] if not t.is_mkldnn
+    }
     seen: set[int] = set()
     total = 0
 
@@ -56,7 +58,9 @@ def extra_bytes(obj, target) -> int:
         if depth > 4 or id(x) in seen:
             return
         seen.add(id(x))
-        if isinstance(x, torch.Tensor):
+        if isinstance(x, torch.Tensor) and x.is_mkldnn:  # a blocked copy (cpulayout): no storage to name
+            total += x.numel() * x.element_size()
+        elif isinstance(x, torch.Tensor):
             ptr = x.untyped_storage().data_ptr()
             if ptr not in own and ptr not in seen:
                 seen.add(ptr)
