@@ -46,9 +46,8 @@ def weight_storages(*objs, depth: int = 3) -> dict[int, int]:
         seen.add(id(x))
         if isinstance(x, nn.Module):
             for t in [*x.parameters(), *x.buffers()]:
-                if (
-                    t.is_mkldnn
-                ):  # a blocked copy (cpulayout's packed kernel): counting reads its weight instead
+                # a blocked copy (cpulayout's packed kernel) has no storage to name; counting reads its weight
+                if t.is_mkldnn:
                     continue
                 out[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         elif isinstance(x, (list, tuple)):

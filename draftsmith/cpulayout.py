@@ -359,12 +359,11 @@ def plan_without(in_features: int, out_features: int, dtype: torch.dtype, kernel
     """The plan this process would choose for a shape if `kernels` did not exist (same medians, so a benchmark can
     time a kernel's contribution in one process); the shape is measured first if it has not been."""
     plan = measure_shape(in_features, out_features, dtype)
-    med = _MEDIANS.get((in_features, out_features, dtype))
     if not kernels:
         return plan
-    if (
-        med is None
-    ):  # no medians to choose again from: those row counts fall back to the layout's own F.linear
+    med = _MEDIANS.get((in_features, out_features, dtype))
+    # no medians to choose again from: those row counts fall back to the layout's own F.linear
+    if med is None:
         return Plan(plan.layout, {n: k for n, k in plan.kernel_of.items() if k not in kernels})
     return _choose({n: {k: v for k, v in m.items() if k not in kernels} for n, m in med.items()})
 

@@ -3,11 +3,11 @@
     python scripts/bench_cpu_layout.py [--target smollm2-135m] [--context 300] [--reps 9] [--out runs/cpu_layout]
                                        [--max-extra-gib G] [--without KERNEL[,KERNEL]]...
 
-Loads the target twice (one copy re-laid out by cpulayout.tune_linears, one untouched) and, interleaving the two,
+Loads the target twice (one copy re-laid out by cpulayout.tune_linears, one untouched) and, interleaving the copies,
 times a forward of n = 1..16 new tokens after a `--context`-token KV cache (median of --reps), then plain greedy
 decoding of 48 tokens. Prints ms per forward and the ratio untouched/tuned per n, the verify cost in plain steps
-(forward(n) / forward(1)) for both, and writes --out/layout.json and layout.png. With two copies loaded, the tuner's
-default room for copies in the other layout (a quarter of the memory available) is smaller than when one target is
+(forward(n) / forward(1)) for each, and writes --out/layout.json and layout.png. With two copies loaded, the tuner's
+default room for copies in another layout (a quarter of the memory available) is smaller than when one target is
 loaded; --max-extra-gib sets it as a decode would have it. Each --without adds one more copy, tuned as it would be
 if those kernels did not exist (same measurements: cpulayout.plan_without), so one run times what a kernel buys,
 e.g. `--without packed` for oneDNN's blocked weight.
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.max_extra_gib is not None and not a.max_extra_gib >= 0:
         p.error(f"--max-extra-gib {a.max_extra_gib} is not a size; pass 0 (no copies) or more GiB")
-    from draftsmith.cpulayout import KERNELS
+    from draftsmith.cpulayout import KERNELS, describe, tune_linears
 
     withouts = [frozenset(k.strip() for k in w.split(",") if k.strip()) for w in a.without]
     for w in withouts:
@@ -68,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import DynamicCache
 
     from draftsmith import models
-    from draftsmith.cpulayout import describe, tune_linears
     from draftsmith.fileio import check_output_dir, write_json
 
     out = Path(a.out)

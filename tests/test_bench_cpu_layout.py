@@ -16,27 +16,23 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import bench_cpu_layout  # noqa: E402
 
 
-@pytest.mark.parametrize("value", ["-1", "nan", "abc"])
-def test_bad_room_for_copies_is_refused_before_any_work(value, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "flag, value, named",
+    [
+        *[("--max-extra-gib", v, v) for v in ("-1", "nan", "abc")],  # a room for copies that is not a size
+        *[
+            ("--without", v, "packed") for v in ("nosuch", "row", ",")
+        ],  # names the kernels that can be left out
+    ],
+)
+def test_bad_input_is_refused_before_any_work(flag, value, named, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     out = tmp_path / "layout"
     with pytest.raises(SystemExit) as exc:
-        bench_cpu_layout.main(["--max-extra-gib", value, "--out", str(out)])
+        bench_cpu_layout.main([flag, value, "--out", str(out)])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert "--max-extra-gib" in err[-1] and value in err[-1]
-    assert not out.exists()
-
-
-@pytest.mark.parametrize("value", ["nosuch", "row", ","])
-def test_bad_kernel_to_leave_out_is_refused_before_any_work(value, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
-    out = tmp_path / "layout"
-    with pytest.raises(SystemExit) as exc:
-        bench_cpu_layout.main(["--without", value, "--out", str(out)])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert "--without" in err[-1] and "packed" in err[-1]  # names the kernels that can be left out
+    assert flag in err[-1] and named in err[-1]
     assert not out.exists()
 
 
