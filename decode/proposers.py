@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 from draftsmith.vocab import softcap_logits
 
@@ -24,10 +25,17 @@ class DraftModelProposer:
     Batches: the draft's cache is a RaggedCache like the target's (left-padded prompts, per-row lengths). Each
     propose first feeds every row's committed tokens the cache lacks (1, or 2 after a full accept), then drafts one
     token per forward for all rows; a row whose draft stops early (stop_below) proposes fewer tokens.
+
+    Compiled (`compile`): the draft's forward + head run as one torch.compile graph over a StaticCache, one prompt at
+    a time. On a CPU, inductor's freezing folds the weights into the graph (oneDNN's blocked copies, what
+    draftsmith.cpulayout's packed kernel uses) and fuses the norms, rotary and activation ops that cost a small
+    draft as much as its matmuls' dispatch. The static buffers hold `CACHE_ROOM` tokens beyond the sequence; a
+    sequence that outgrows them is prefilled again into larger ones (one draft prefill per CACHE_ROOM tokens).
     """
 
     name = "draft"
     hidden_state_layers: tuple[int, ...] = ()
+    CACHE_ROOM = 512
 
     def __init__(
         self,
@@ -35,11 +43,14 @@ class DraftModelProposer:
         target_vocab_size: int,
         vocab_ids: torch.Tensor | None = None,
         stop_below: float = 0.0,
+        compile: bool | str = False,
     ):
         """stop_below: stop drafting (this step) at the first token whose draft probability (softmax at
         temperature 1 over the draft's outputs) is below it — a dynamic draft length in the spirit of EAGLE-2's
         confidence / SpecDec++'s stopping rule. The decision depends on the draft alone, so verification stays
-        lossless; it saves the draft steps and the wider verify forward that would likely be rejected."""
+        lossless; it saves the draft steps and the wider verify forward that would likely be rejected.
+        compile: True = inductor (on a CPU with freezing), a backend name = that torch.compile backend (tests trace
+        with "aot_eager"); the draft's modules must then keep plain nn.Linears (inductor lays the weights out)."""
         self.model = model
         self.stop_below = float(stop_below)
         self.target_vocab_size = int(target_vocab_size)
@@ -58,27 +69,79 @@ class DraftModelProposer:
             if self.vocab_ids is not None
             else min(lm_w.shape[0], self.target_vocab_size)
         )
+        self.compiles = bool(compile)
+        self._step, self._freezing = None, False
+        if compile:
+            from torch._inductor import config as inductor_config
+
+            self._inductor_config = inductor_config
+            # inductor reads `freezing` from its global config when it compiles (a torch.compile options= entry
+            # did not reach it: measured 72 vs 58 ms a step for the 0.5B), so each call sets it for its compiles
+            self._freezing = compile is True and self.device.type == "cpu"
+            how = (
+                {"backend": compile}
+                if compile is not True
+                else ({} if self._freezing else {"mode": "reduce-overhead"})
+            )
+            self._step = torch.compile(self._last_logits, dynamic=None, **how)
 
     def begin(self, tokens: torch.Tensor, hidden=None, pad: list[int] | None = None) -> None:
         """tokens [B, L] left-padded by `pad` (None: no padding)."""
-        from transformers import DynamicCache
-
         pad = pad or [0] * tokens.shape[0]
-        self.cache = RaggedCache(DynamicCache(config=self.model.config), pad)
+        if self.compiles and len(pad) > 1:
+            raise DraftsmithError(
+                "a compiled draft (compile=1) drafts one prompt at a time; use batch size 1 or drop compile="
+            )
         self.seq = [row[p:].to(self.device) for row, p in zip(tokens, pad)]  # committed tokens per row
-        self.prefill = tokens.to(self.device)  # fed by the first propose
+        self._new_cache(tokens, pad)
+
+    def _new_cache(self, tokens: torch.Tensor, pad: list[int], k: int = 0) -> None:
+        """An empty cache for prompts `tokens` [B, L], fed by the next propose (static buffers: room for k drafted
+        tokens and CACHE_ROOM more)."""
+        from transformers import DynamicCache, StaticCache
+
+        if self.compiles:
+            room = -(-(tokens.shape[1] + k + self.CACHE_ROOM) // 256) * 256
+            self.cache = RaggedCache(
+                StaticCache(config=self.model.config, max_cache_len=room), pad, kv_len=room
+            )
+        else:
+            self.cache = RaggedCache(DynamicCache(config=self.model.config), pad)
+        self.prefill = tokens.to(self.device)
+
+    def _last_logits(self, ids: torch.Tensor, cache, **kw) -> torch.Tensor:
+        """Draft logits [B, out_size] after the last column of ids [B, n]: the compiled step (one graph)."""
+        return self._head(self.decoder(ids, cache=cache, use_cache=True, **kw).last_hidden_state[:, -1])
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        """Hidden rows [B, H] -> draft logits [B, out_size]."""
+        if self.head is not None:
+            return softcap_logits(self.model.config, self.head(h))
+        return softcap_logits(self.model.config, self.model.get_output_embeddings()(h)[:, : self.out_size])
 
     def retain(self, rows: list[int]) -> None:
         self.cache.retain(rows)
         self.seq = [self.seq[r] for r in rows]
 
-    def _run(self, ids: torch.Tensor, kw: dict, last: list[int] | None) -> torch.Tensor:
+    def _run(
+        self, ids: torch.Tensor, kw: dict, last: list[int] | None, prefill: bool = False
+    ) -> torch.Tensor:
         """Feed ids [B, n] (positions/mask in kw) -> draft logits [B, out_size] at column last[b] of each row
         (None: the last column).
 
         The model's own forward runs only for one column: with several (a prompt, two tokens after a full accept)
         its logits_to_keep slice reaches the lm_head as a strided 3-D tensor, and a CPU then copies the whole head
         for the product (~0.45 s for a 150k-row head in bf16, against ~11 ms from the [B, H] rows used here)."""
+        if (
+            self.compiles
+        ):  # one row (begin): its last column; prompts run eagerly (a graph per length otherwise)
+            if prefill:
+                logits = self._last_logits(ids, self.cache.cache, **kw)
+                if self._freezing:  # the buffers exist now (HF allocates them at the first update)
+                    _unmark_static(self.cache.cache)
+                return logits
+            with self._inductor_config.patch(freezing=self._freezing):
+                return self._step(ids, self.cache.cache, **kw)
         if self.head is None and last is None and ids.shape[1] == 1:
             return self.model(ids, cache=self.cache.cache, use_cache=True, **kw).logits[
                 :, -1, : self.out_size
@@ -89,16 +152,14 @@ class DraftModelProposer:
             if last is None
             else h[torch.arange(h.shape[0], device=h.device), torch.tensor(last, device=h.device)]
         )
-        if self.head is not None:
-            return softcap_logits(self.model.config, self.head(h))
-        return softcap_logits(self.model.config, self.model.get_output_embeddings()(h)[:, : self.out_size])
+        return self._head(h)
 
     def _feed_committed(self) -> torch.Tensor:
         """Put every row's committed tokens the cache lacks into it; -> logits [B, out_size] after the last."""
         rc, dtype = self.cache, self.model.dtype
         if self.prefill is not None:  # the prompts: left-padded, one forward
             ids, self.prefill = self.prefill, None
-            logits = self._run(ids, rc.prefill_inputs(ids.shape[1], dtype, self.device), None)
+            logits = self._run(ids, rc.prefill_inputs(ids.shape[1], dtype, self.device), None, prefill=True)
             rc.prefilled(ids.shape[1])
             return logits
         counts = [len(s) - (n - p) for s, n, p in zip(self.seq, rc.lengths, rc.pads)]
@@ -116,6 +177,8 @@ class DraftModelProposer:
 
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None = None) -> Proposal:
         B = len(self.seq)
+        if self.compiles and len(self.seq[0]) + k > self.cache.kv_len:  # drafting would outgrow the buffers:
+            self._new_cache(self.seq[0][None], [0], k)  # prefill the sequence into larger ones
         logits = self._feed_committed()
         self.base = list(self.cache.lengths)
         sizes = [k] * B  # drafted tokens per row (a confidence stop shortens a row)
@@ -165,6 +228,16 @@ class DraftModelProposer:
         self.seq = [
             torch.cat([s, new[b, : len(acc) + 1]]) for b, (s, acc) in enumerate(zip(self.seq, accepted_nodes))
         ]
+
+
+def _unmark_static(cache) -> None:
+    """HF's StaticCache marks its buffers as static addresses (for CUDA graphs); inductor's freezing folds static
+    inputs into the graph as constants, so a compiled step kept writing the FIRST cache it saw (measured: the next
+    prompt's step indexed the old 768-row buffer and failed). Unmarked, they stay inputs of the graph."""
+    for layer in cache.layers:
+        for t in (layer.keys, layer.values, layer.cumulative_length):
+            if hasattr(t, "_dynamo_static_input_type"):
+                del t._dynamo_static_input_type
 
 
 class NGramProposer:

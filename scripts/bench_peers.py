@@ -76,9 +76,11 @@ def ds_methods(
     stop_below: float = 0.0,
     ngram: tuple[int, int] | None = None,
     ngram_k: int = 10,
+    compiled_draft=None,
 ) -> dict:
     """draftsmith's own greedy decoding of the decoder's target, through the calls users make: plain, with `draft` as
-    its `draft:` drafter (k tokens a step) and, given `ngram` = (max, min), with the n-gram drafter (ngram_k tokens).
+    its `draft:` drafter (k tokens a step), given `compiled_draft` (the same draft with plain nn.Linears) with it as
+    `draft:...,compile=1` and, given `ngram` = (max, min), with the n-gram drafter (ngram_k tokens).
     Run in the same loop as hf_methods, so every ratio between the two comes from the same moments of the CPU."""
 
     def ds(proposer, kk):
@@ -88,6 +90,10 @@ def ds_methods(
         "ds_plain": ds(None, 1),
         "ds_draft": ds(DraftModelProposer(draft, dec.target.config.vocab_size, vocab_ids, stop_below), k),
     }
+    if compiled_draft is not None:
+        vocab = dec.target.config.vocab_size
+        proposer = DraftModelProposer(compiled_draft, vocab, vocab_ids, stop_below, compile=True)
+        methods["ds_draft_compiled"] = ds(proposer, k)
     if ngram is not None:
         methods["ds_ngram"] = ds(NGramProposer(*ngram), ngram_k)
     return methods

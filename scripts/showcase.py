@@ -9,9 +9,10 @@
    OUT/<name>/final is missing is trained (an unfinished run resumes); then the training-free layer-skip search.
 3. one benchmark process: the target loaded once; plain decoding, every trained drafter, `ngram:`, the 0.5B as it
    is, layer skip (at the k its search chose), and every draft LM without a reduced vocabulary again with OUT/vocab-32k (`<name>-vocab32k`:
-   FR-Spec's cheaper lm_head, still lossless) (draftsmith.decode.evaluate.measure: per prompt, all of them back to back in a rotated order),
+   FR-Spec's cheaper lm_head, still lossless), that row once more with its step compiled (`<name>-compiled`)
+   (draftsmith.decode.evaluate.measure: per prompt, all of them back to back in a rotated order),
    then transformers' `generate`, `assistant_model` (the same 0.5B) and prompt lookup the same way, in one loop
-   with draftsmith's plain and `draft:` decoding of the same 0.5B (the ratios between the two libraries come from
+   with draftsmith's plain and `draft:` decoding of the same 0.5B, eager and compiled (the ratios between the two libraries come from
    that loop only); on dev-eval prompts no recipe tuned on. Writes OUT/showcase.json (every number, per prompt),
    OUT/showcase.md (the table: tau, alpha per position, speedup, the drafter's time and FLOP share of a target step,
    lossless) and OUT/showcase.png. A rerun after a stop skips what is done.
@@ -49,6 +50,9 @@ BASELINES = [("ngram", "ngram:", 4), ("draft-0.5b-as-is", f"draft:{SMALL}", 4)]
 LAYERSKIP_K = 3
 """Layer skip's draft length in the plan before the search has run; once OUT/layerskip exists, the bench decodes it
 at the k the search measured best (config.json search.k), not at a k it was not chosen for."""
+COMPILED = "compiled"
+"""Every draft LM's best row (its reduced vocabulary) is benched again with `compile=1` (`<name>-compiled`): its step
+as one torch.compile graph (inductor freezing on a CPU), beside the eager one in the same run."""
 VOCAB, VOCAB_SIZE = "vocab-32k", 32768
 """OUT/vocab-32k: the data's most frequent target ids (`draftsmith vocab`), the reduced output vocabulary the bench
 gives every full-vocabulary draft LM as a second row (`<name>-vocab32k`: draft:<model>,vocab=OUT/vocab-32k)."""
@@ -71,15 +75,20 @@ def drafter_specs(
     out: Path, runs: list[RecipeRun], configs: dict, skip: list[str] = ()
 ) -> list[tuple[str, str, int]]:
     """(name, spec, k) of every drafter benched: the baselines, every recipe's final/, layer skip; each draft LM
-    without a reduced vocabulary of its own also with OUT/vocab-32k (`<name>-vocab32k`). --skip names any of them."""
+    without a reduced vocabulary of its own also with OUT/vocab-32k (`<name>-vocab32k`), and each draft LM's last row
+    again compiled (`<name>-compiled`). --skip names any of them."""
     vocab = out / VOCAB
-    specs = list(BASELINES) + [("draft-0.5b-as-is-vocab32k", f"draft:{SMALL},vocab={vocab}", 4)]
+    small = f"draft:{SMALL},vocab={vocab}"
+    specs = list(BASELINES) + [("draft-0.5b-as-is-vocab32k", small, 4), (f"draft-0.5b-as-is-vocab32k-{COMPILED}", f"{small},compile=1", 4)]  # fmt: skip
     for run in runs:
         kind = "distill" if run.trainer == "distill" else configs[run.name].head.kind
         template, k = SPECS[kind]
         specs.append((run.name, template.format(final=run.final), k))
         if kind == "distill" and not configs[run.name].model.vocab_size:
             specs.append((f"{run.name}-vocab32k", f"{template.format(final=run.final)},vocab={vocab}", k))
+        if kind == "distill":
+            name, spec, _ = specs[-1]
+            specs.append((f"{name}-{COMPILED}", f"{spec},compile=1", k))
     specs.append(("layerskip", f"layerskip:{out / 'layerskip'}", layerskip_k(out)))
     return [s for s in specs if s[0] not in skip]
 
@@ -163,7 +172,8 @@ def bench(args, specs: list[tuple[str, str, int]]) -> dict:
     # over the minutes between the drafters' bench and this one (same-run plain steps of 321 to 517 ms were seen), so
     # draftsmith vs transformers is compared only within one interleaved loop
     k = next(k for name, _, k in BASELINES if name == "draft-0.5b-as-is")
-    methods.update(bench_peers.ds_methods(dec, small, k, args.max_new_tokens))
+    plain_small = models.load_model(SMALL)  # nn.Linears, for the compiled step (inductor lays them out)
+    methods.update(bench_peers.ds_methods(dec, small, k, args.max_new_tokens, compiled_draft=plain_small))
     prompts = load_prompts(args.prompts, limit=args.limit)
     encoded = [
         torch.tensor([prompt_ids(tok, p)]) for p in prompts[:1] + prompts
@@ -215,6 +225,11 @@ def report(res: dict) -> str:
         f"{tps['ds_draft'] / tps['hf_assistant']:.2f}x (plain decoding: draftsmith / transformers "
         f"{tps['ds_plain'] / tps['hf_plain']:.2f}x)",
     ]
+    if "ds_draft_compiled" in tps:
+        lines.append(
+            f"draftsmith `draft:...,compile=1` / transformers `assistant_model`: "
+            f"{tps['ds_draft_compiled'] / tps['hf_assistant']:.2f}x"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -69,7 +69,8 @@ def test_compile_backend_must_be_known(tiny_target):
 
 @pytest.mark.slow
 def test_inductor_compiled_step_equals_eager_on_cpu(tiny_target, tiny_draft):
-    """The decoder's real --compile (inductor; CUDA graphs are skipped on CPU tensors) on a 1-layer target."""
+    """The decoder's real --compile (inductor; CUDA graphs are skipped on CPU tensors) on a 1-layer target, and a
+    draft's compiled step (inductor with freezing) against plain eager decoding."""
     import torch._dynamo
 
     from draftsmith.testing import tiny_llama
@@ -79,4 +80,73 @@ def test_inductor_compiled_step_equals_eager_on_cpu(tiny_target, tiny_draft):
     eager = SpeculativeDecoder(target, eos_ids=set())
     compiled = SpeculativeDecoder(target, eos_ids=set(), compile=True)
     _compare(compiled, eager, [None, DraftModelProposer(tiny_draft, 384)], new=12)
+    # a compiled draft step too: on a CPU, inductor with freezing (weights folded into the graph). Its tokens are
+    # lossless whatever it drafts, so its drafts are checked too: the same accepted counts as the eager draft's, on
+    # prompts that each get a new static cache (a graph that kept its first cache would draft from stale keys)
+    compiled_draft, eager_draft = (
+        DraftModelProposer(tiny_draft, 384, compile=True),
+        DraftModelProposer(tiny_draft, 384),
+    )
+    for ids in [*PROMPTS, torch.tensor([[7, 3, 99, 12]])]:
+        want = eager.generate(ids, eager_draft, k=3, max_new_tokens=16)
+        got = eager.generate(ids, compiled_draft, k=3, max_new_tokens=16)
+        assert got.tokens == want.tokens and got.accepted == want.accepted, (got.accepted, want.accepted)
     torch._dynamo.reset()
+
+
+def test_compiled_draft_step_equals_eager_draft(tiny_target, tiny_draft, monkeypatch):
+    """`draft:...,compile=1` (DraftModelProposer(compile=...)): the draft step traced as one graph over a static cache
+    gives the eager draft's tokens — greedy (== plain greedy decoding) and sampled with the same seeds (so its q is the
+    eager draft's, which the sampling oracles cover), with a reduced output vocabulary too, and across a sequence that
+    outgrows the static buffers (CACHE_ROOM 0: refilled into larger ones several times in 300 tokens)."""
+    import torch._dynamo
+
+    from draftsmith.sampling import SamplingParams
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(DraftModelProposer, "CACHE_ROOM", 0)
+    dec = SpeculativeDecoder(tiny_target, eos_ids=set())
+    ids = PROMPTS[0]
+    want = dec.generate(ids, None, k=3, max_new_tokens=300).tokens
+    vocab = torch.arange(0, 384, 3)
+    for v in (None, vocab):
+        compiled = DraftModelProposer(tiny_draft, 384, v, compile="aot_eager")
+        got = dec.generate(ids, compiled, k=3, max_new_tokens=300)
+        assert got.tokens == want
+        assert compiled.cache.kv_len > 256  # the sequence did outgrow the first buffers
+        sampled = SamplingParams(temperature=1.0)
+        eager_s = dec.generate(
+            ids, DraftModelProposer(tiny_draft, 384, v), k=3, params=sampled, max_new_tokens=40
+        )
+        comp_s = dec.generate(ids, compiled, k=3, params=sampled, max_new_tokens=40)
+        assert comp_s.tokens == eager_s.tokens and comp_s.accepted == eager_s.accepted
+    torch._dynamo.reset()
+
+
+def test_compiled_draft_decodes_one_prompt_at_a_time(tiny_target, tiny_draft):
+    from draftsmith.errors import DraftsmithError
+
+    dec = SpeculativeDecoder(tiny_target, eos_ids=set())
+    with pytest.raises(DraftsmithError, match="one prompt at a time; use batch size 1"):
+        dec.generate_batch(
+            PROMPTS, DraftModelProposer(tiny_draft, 384, compile="aot_eager"), k=2, max_new_tokens=4
+        )
+
+
+def test_a_compiled_draft_keeps_plain_linears(tiny_dirs, monkeypatch):
+    """build_proposer gives a draft the CPU weight layout (draftsmith.cpulayout) unless it compiles: inductor's
+    freezing lays out plain nn.Linear weights itself."""
+    import draftsmith.app.drafters as drafters
+    from draftsmith.decode.drafters import DrafterContext
+    from draftsmith.models import load_model, load_tokenizer
+
+    tuned = []
+    monkeypatch.setattr(drafters, "tune_linears", lambda module: tuned.append(module))
+    target = load_model(tiny_dirs["target"])
+    ctx = DrafterContext(target, load_tokenizer(tiny_dirs["target"]), torch.device("cpu"))
+    plain = drafters.build_proposer(f"draft:{tiny_dirs['draft']}", ctx, k=2)
+    assert plain.model in tuned and not plain.compiles
+    before = len(tuned)
+    compiled = drafters.build_proposer(f"draft:{tiny_dirs['draft']},compile=1", ctx, k=2)
+    assert compiled.compiles and len(tuned) == before
+    assert not any(p.requires_grad for p in compiled.model.parameters())

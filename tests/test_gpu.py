@@ -108,6 +108,23 @@ def test_compiled_cuda_graph_path_equals_eager(cuda_target, prompts, tmp_path, t
     assert 1 <= graphs < 8, f"{graphs} compiled graphs: the step recompiles per length or per prompt"
 
 
+@gpu
+def test_compiled_draft_step_equals_eager_on_cuda(cuda_target, prompts, tmp_path, tiny_tokenizer):
+    """`draft:...,compile=1` on CUDA (the draft's step under CUDA graphs, static cache) decodes the plain tokens."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    ctx = DrafterContext(cuda_target, tiny_tokenizer, CUDA, dtype=BF16)
+    chain = build_proposer(_spec("draft", tmp_path, cuda_target) + ",compile=1", ctx)
+    assert chain.compiles
+    dec = SpeculativeDecoder(cuda_target, eos_ids=set())
+    for ids in prompts:
+        want = dec.generate(ids, None, k=4, max_new_tokens=24).tokens
+        got = dec.generate(ids, chain, k=4, max_new_tokens=24).tokens
+        assert _lossless(cuda_target, ids, want, got), (want, got)
+    torch._dynamo.reset()
+
+
 # -- sampling -------------------------------------------------------------------------------------------------------
 @gpu
 def test_sampled_decoding_matches_target_distribution_cuda():

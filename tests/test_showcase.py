@@ -37,6 +37,19 @@ def test_dry_run_plans_every_recipe_and_drafter(tmp_path, capsys):
         in text
     )
     assert "draft-0.5b-pruned-vocab32k" not in text
+    # each draft LM's last row again with its step compiled
+    assert (
+        f"bench draft-0.5b-as-is-vocab32k-compiled: draft:qwen2.5-coder-0.5b,vocab={vocab},compile=1 @ k=4"
+        in text
+    )
+    assert (
+        f"bench draft-0.5b-pruned-compiled: draft:{out / 'draft-0.5b-pruned' / 'final'},compile=1 @ k=4"
+        in text
+    )
+    assert (
+        f"draft-0.5b-lora-vocab32k-compiled: draft:{out / 'draft-0.5b-lora' / 'final'},vocab={vocab},compile=1"
+        in text
+    )
     assert not out.exists()
 
 
@@ -73,7 +86,12 @@ def test_skip_leaves_out_a_recipe_and_the_layer_skip_search(tmp_path, capsys):
     assert "draft-0.5b-lora" not in text and "layerskip" not in text
     assert showcase.main([str(out), "--dry", "--skip", "draft-0.5b-as-is-vocab32k", "--skip", "ngram"]) == 0
     text = capsys.readouterr().out
-    assert "bench draft-0.5b-as-is:" in text and "as-is-vocab32k" not in text and "bench ngram" not in text
+    assert (
+        "bench draft-0.5b-as-is:" in text
+        and "bench draft-0.5b-as-is-vocab32k:" not in text
+        and "bench ngram" not in text
+    )
+    assert "bench draft-0.5b-as-is-vocab32k-compiled:" in text  # a row of its own
 
 
 def test_report_compares_the_libraries_within_the_loop_only():
@@ -82,7 +100,8 @@ def test_report_compares_the_libraries_within_the_loop_only():
     cond = {"hardware": "CPU", "dtype": "float32", "cpu_layout": "off", "prompts": "p", "max_new_tokens": 8}
     draft = {"k": 4, "tau": 3.0, "alpha_per_position": [0.8, 0.7, None, 0.6], "draft_cost_per_token": 0.4,
              "draft_flop_share": 0.7, "draft_weight_share": 0.3, "speedup": 0.9, "lossless": True, "conditions": cond}  # fmt: skip
-    peers = {"hf_plain": 2.0, "hf_assistant": 1.6, "hf_prompt_lookup": 1.5, "ds_plain": 2.2, "ds_draft": 2.0}
+    peers = {"hf_plain": 2.0, "hf_assistant": 1.6, "hf_prompt_lookup": 1.5, "ds_plain": 2.2, "ds_draft": 2.0,
+             "ds_draft_compiled": 2.4}  # fmt: skip
     res = {
         "date": "2026-12-02",
         "n_prompts": 2,
@@ -99,6 +118,7 @@ def test_report_compares_the_libraries_within_the_loop_only():
     assert "| draft-0.5b-as-is | 4 | 3.00 | 0.80 0.70 - 0.60 |" in text
     assert "| ds_draft | 2.00 | 1.00x | 2/2 |" in text
     assert "same loop: 1.25x (plain decoding: draftsmith / transformers 1.10x)" in text
+    assert "`draft:...,compile=1` / transformers `assistant_model`: 1.50x" in text
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,12 @@ DRAFT = DrafterKind(
             str,
             "a draft_vocab.safetensors (or a folder holding one, e.g. from draftsmith vocab): draft only those ids",
         ),
+        Option(
+            "compile",
+            bool,
+            "run the draft step as one torch.compile graph over a static cache (batch size 1; a CPU: inductor "
+            "freezing lays the weights out)",
+        ),
     ),  # fmt: skip
     check_options=_check_draft,
     path_is_folder=False,
@@ -241,8 +247,11 @@ def build_proposer(spec: str, ctx: DrafterContext, k: int | None = None) -> Prop
 
 
 def tune_proposer(proposer: Proposer) -> Proposer:
-    """Freeze the proposer's own modules (decode only) and give them the CPU weight layout (draftsmith.cpulayout)."""
+    """Freeze the proposer's own modules (decode only) and give them the CPU weight layout (draftsmith.cpulayout),
+    unless the proposer compiles its step (inductor lays the weights out in its graph)."""
     for value in vars(proposer).values():
         if isinstance(value, nn.Module):
-            tune_linears(value.requires_grad_(False))
+            value.requires_grad_(False)
+            if not getattr(proposer, "compiles", False):
+                tune_linears(value)
     return proposer
