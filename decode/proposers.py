@@ -12,6 +12,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 from draftsmith.vocab import softcap_logits
 
+from .cache import crop_to
 from .proposer import Proposal
 from .ragged import RaggedCache
 
@@ -29,8 +30,9 @@ class DraftModelProposer:
     Compiled (`compile`): the draft's forward + head run as one torch.compile graph over a StaticCache, one prompt at
     a time. On a CPU, inductor's freezing folds the weights into the graph (oneDNN's blocked copies, what
     draftsmith.cpulayout's packed kernel uses) and fuses the norms, rotary and activation ops that cost a small
-    draft as much as its matmuls' dispatch. The static buffers hold `CACHE_ROOM` tokens beyond the sequence; a
-    sequence that outgrows them is prefilled again into larger ones (one draft prefill per CACHE_ROOM tokens).
+    draft as much as its matmuls' dispatch. The static buffers hold `CACHE_ROOM` tokens beyond the prompt and serve
+    the next prompts while they fit (new buffer lengths recompile the step); a sequence that outgrows them is
+    prefilled again into larger ones (one draft prefill per CACHE_ROOM tokens).
     """
 
     name = "draft"
@@ -70,7 +72,7 @@ class DraftModelProposer:
             else min(lm_w.shape[0], self.target_vocab_size)
         )
         self.compiles = bool(compile)
-        self._step, self._freezing = None, False
+        self._step, self._freezing, self._warm = None, False, False
         if compile:
             from torch._inductor import config as inductor_config
 
@@ -101,10 +103,17 @@ class DraftModelProposer:
         from transformers import DynamicCache, StaticCache
 
         if self.compiles:
-            room = -(-(tokens.shape[1] + k + self.CACHE_ROOM) // 256) * 256
-            self.cache = RaggedCache(
-                StaticCache(config=self.model.config, max_cache_len=room), pad, kv_len=room
-            )
+            need = tokens.shape[1] + k + self.CACHE_ROOM
+            static = getattr(self, "cache", None)
+            if (
+                static is not None and static.kv_len >= need
+            ):  # the same buffers again: the graph's shapes hold
+                crop_to(static.cache, 0, current=static.cols)
+                static, room = static.cache, static.kv_len
+            else:  # larger buffers (the step recompiles once for their length)
+                room = -(-need // 256) * 256
+                static = StaticCache(config=self.model.config, max_cache_len=room)
+            self.cache = RaggedCache(static, pad, kv_len=room)
         else:
             self.cache = RaggedCache(DynamicCache(config=self.model.config), pad)
         self.prefill = tokens.to(self.device)
@@ -159,8 +168,22 @@ class DraftModelProposer:
         rc, dtype = self.cache, self.model.dtype
         if self.prefill is not None:  # the prompts: left-padded, one forward
             ids, self.prefill = self.prefill, None
-            logits = self._run(ids, rc.prefill_inputs(ids.shape[1], dtype, self.device), None, prefill=True)
-            rc.prefilled(ids.shape[1])
+            # a compiled step has two graphs, one column and several (dynamo specialises a length of 1); the first
+            # prompt feeds its last 3 tokens through both, so they compile now, in whatever warm-up the caller runs,
+            # and not at the first full accept of a later, timed prompt
+            tail = 3 if self.compiles and not self._warm and ids.shape[1] > 3 else 0
+            self._warm = self._warm or tail > 0
+            width = ids.shape[1] - tail
+            logits = self._run(
+                ids[:, :width], rc.prefill_inputs(width, dtype, self.device), None, prefill=True
+            )
+            rc.prefilled(width)
+            for n in (1, 2)[: 2 if tail else 0]:  # 1 first: a length-2 graph after it is the dynamic one
+                # fresh strides, as later steps' inputs have (dynamo guards on strides, size-1 dims too)
+                part = ids[:, width : width + n].clone(memory_format=torch.contiguous_format)
+                logits = self._run(part, rc.block_inputs(n, dtype, self.device), None)
+                rc.commit([range(n)], n)
+                width += n
             return logits
         counts = [len(s) - (n - p) for s, n, p in zip(self.seq, rc.lengths, rc.pads)]
         width = max(counts)

@@ -68,7 +68,7 @@ def test_compile_backend_must_be_known(tiny_target):
 
 
 @pytest.mark.slow
-def test_inductor_compiled_step_equals_eager_on_cpu(tiny_target, tiny_draft):
+def test_inductor_compiled_step_equals_eager_on_cpu(tiny_target, tiny_draft, monkeypatch):
     """The decoder's real --compile (inductor; CUDA graphs are skipped on CPU tensors) on a 1-layer target, and a
     draft's compiled step (inductor with freezing) against plain eager decoding."""
     import torch._dynamo
@@ -81,16 +81,25 @@ def test_inductor_compiled_step_equals_eager_on_cpu(tiny_target, tiny_draft):
     compiled = SpeculativeDecoder(target, eos_ids=set(), compile=True)
     _compare(compiled, eager, [None, DraftModelProposer(tiny_draft, 384)], new=12)
     # a compiled draft step too: on a CPU, inductor with freezing (weights folded into the graph). Its tokens are
-    # lossless whatever it drafts, so its drafts are checked too: the same accepted counts as the eager draft's, on
-    # prompts that each get a new static cache (a graph that kept its first cache would draft from stale keys)
+    # lossless whatever it drafts, so its drafts are checked too: the same accepted counts as the eager draft's.
+    # CACHE_ROOM 0: the short prompts share 256-row buffers, the 270-token one needs new ones (a graph that kept its
+    # first buffers would draft from stale keys there), the last one reuses those.
+    monkeypatch.setattr(DraftModelProposer, "CACHE_ROOM", 0)
     compiled_draft, eager_draft = (
         DraftModelProposer(tiny_draft, 384, compile=True),
         DraftModelProposer(tiny_draft, 384),
     )
-    for ids in [*PROMPTS, torch.tensor([[7, 3, 99, 12]])]:
+    long = torch.randint(1, 384, (1, 270), generator=torch.Generator().manual_seed(0))
+    graphs = [_graphs()]
+    for ids in [*PROMPTS, long, torch.tensor([[7, 3, 99, 12]])]:
         want = eager.generate(ids, eager_draft, k=3, max_new_tokens=16)
         got = eager.generate(ids, compiled_draft, k=3, max_new_tokens=16)
         assert got.tokens == want.tokens and got.accepted == want.accepted, (got.accepted, want.accepted)
+        graphs.append(_graphs())
+    # the first prompt compiled both step graphs (one column, several: dynamo specialises a length of 1), so the
+    # second, on the same buffers, compiles nothing whatever it accepts
+    assert graphs[1] - graphs[0] == 2 and graphs[2] == graphs[1], graphs
+    assert compiled_draft.cache.kv_len == 512
     torch._dynamo.reset()
 
 
