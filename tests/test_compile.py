@@ -82,8 +82,8 @@ def test_inductor_compiled_step_equals_eager_on_cpu(tiny_target, tiny_draft, mon
     _compare(compiled, eager, [None, DraftModelProposer(tiny_draft, 384)], new=12)
     # a compiled draft step too: on a CPU, inductor with freezing (weights folded into the graph). Its tokens are
     # lossless whatever it drafts, so its drafts are checked too: the same accepted counts as the eager draft's.
-    # CACHE_ROOM 0: the short prompts share 256-row buffers, the 270-token one needs new ones (a graph that kept its
-    # first buffers would draft from stale keys there), the last one reuses those.
+    # CACHE_ROOM 0: the short prompts share 256-row buffers, the 270-token one needs larger ones, the last one gets
+    # new 256-row buffers (a graph that kept the buffers it was compiled with would draft from stale keys).
     monkeypatch.setattr(DraftModelProposer, "CACHE_ROOM", 0)
     compiled_draft, eager_draft = (
         DraftModelProposer(tiny_draft, 384, compile=True),
@@ -91,7 +91,9 @@ def test_inductor_compiled_step_equals_eager_on_cpu(tiny_target, tiny_draft, mon
     )
     long = torch.randint(1, 384, (1, 270), generator=torch.Generator().manual_seed(0))
     graphs = [_graphs()]
-    for ids in [*PROMPTS, long, torch.tensor([[7, 3, 99, 12]])]:
+    for i, ids in enumerate([*PROMPTS, long, torch.tensor([[7, 3, 99, 12]])]):
+        if i == 3:  # drop the buffers: the next prompt gets new ones of a length compiled before
+            del compiled_draft.cache
         want = eager.generate(ids, eager_draft, k=3, max_new_tokens=16)
         got = eager.generate(ids, compiled_draft, k=3, max_new_tokens=16)
         assert got.tokens == want.tokens and got.accepted == want.accepted, (got.accepted, want.accepted)
@@ -99,7 +101,7 @@ def test_inductor_compiled_step_equals_eager_on_cpu(tiny_target, tiny_draft, mon
     # the first prompt compiled both step graphs (one column, several: dynamo specialises a length of 1), so the
     # second, on the same buffers, compiles nothing whatever it accepts
     assert graphs[1] - graphs[0] == 2 and graphs[2] == graphs[1], graphs
-    assert compiled_draft.cache.kv_len == 512
+    assert compiled_draft.cache.kv_len == 256  # new buffers of the first prompts' length
     torch._dynamo.reset()
 
 
