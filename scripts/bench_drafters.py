@@ -113,7 +113,7 @@ def write_profiles(bench: dict, folder: Path, note: str = "") -> list[Path]:
     return paths
 
 
-def parse_drafters(values: list[str]) -> list[tuple[str, str, int]]:
+def parse_drafters(values: list[str], batch: int = 1) -> list[tuple[str, str, int]]:
     """`NAME=SPEC@K` strings -> (name, spec, k); checked (kinds, options) before anything loads."""
     out = []
     for d in values:
@@ -123,7 +123,7 @@ def parse_drafters(values: list[str]) -> list[tuple[str, str, int]]:
             raise DraftsmithError(
                 f"--drafter {d!r} must be NAME=SPEC@K (K >= 1, NAME not 'plain'), e.g. eagle3=eagle:DIR@6"
             )
-        validate_spec(spec, k=int(k))
+        validate_spec(spec, k=int(k), batch=batch)
         out.append((name, spec, int(k)))
     if len({n for n, _, _ in out}) != len(out):
         raise DraftsmithError("--drafter names must be unique")
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.sweep_k and args.batch_size is None:
             raise DraftsmithError("--sweep-k measures draft lengths per batch size; pass --batch-size too")
         args.batch_sizes = parse_batch_sizes(args.batch_size) if args.batch_size is not None else ()
-        specs = parse_drafters(args.drafter)
+        specs = parse_drafters(args.drafter, max(args.batch_sizes, default=1))
         if args.batch_sizes and max(args.batch_sizes) > args.limit:
             raise DraftsmithError(
                 f"--batch-size {max(args.batch_sizes)} needs at least as many prompts; raise --limit "

@@ -56,6 +56,10 @@ def test_eval_batch_sizes_end_to_end(tiny_dirs, tmp_path, capsys):
         (["--batch-size", "4"], "needs at least as many prompts"),
         (["--sweep-k"], "pass --batch-size"),
         (["--batch-size", "2", "--compile"], "--compile decodes one prompt at a time"),
+        (
+            ["--drafter", "draft:org/draft,compile=1", "--batch-size", "2"],
+            "compile=1 drafts one prompt at a time",
+        ),
     ],
 )
 def test_eval_batch_bad_input_before_anything_loads(tmp_path, capsys, args, msg):

@@ -234,9 +234,12 @@ def _check_depth(rec: DrafterKind, path: str | None, opts: dict, config: dict | 
             )
 
 
-def validate_spec(spec: str, k: int | None = None) -> tuple[str, str]:
-    """Cheap checks before anything loads (parse_spec); returns (kind, arg)."""
-    parse_spec(spec, k)
+def validate_spec(spec: str, k: int | None = None, batch: int = 1) -> tuple[str, str]:
+    """Cheap checks before anything loads (parse_spec; a compiled step decodes batch size 1); returns (kind, arg)."""
+    if parse_spec(spec, k).options.get("compile") and batch > 1:
+        raise DraftsmithError(
+            f"{spec}: compile=1 drafts one prompt at a time; drop compile=1 or the batch sizes above 1"
+        )
     return split_spec(spec)
 
 

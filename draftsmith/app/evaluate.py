@@ -48,7 +48,7 @@ def evaluate(
     settings = settings or EvalSettings()
     if out_dir is not None:  # an unwritable folder must fail now, not after all the decoding
         check_output_dir(out_dir, RESULT_FILES, overwrite)
-    kind, drafter_arg = validate_spec(drafter, k=settings.k)
+    kind, drafter_arg = validate_spec(drafter, k=settings.k, batch=max(settings.batch_sizes, default=1))
     if not isinstance(target, str):
         target_model, target = target, getattr(getattr(target, "config", None), "_name_or_path", "model")
     source, prompts = _load_prompts(prompts, settings.limit)
