@@ -105,12 +105,11 @@ class DraftModelProposer:
         if self.compiles:
             need = tokens.shape[1] + k + self.CACHE_ROOM
             static = getattr(self, "cache", None)
-            if (
-                static is not None and static.kv_len >= need
-            ):  # the same buffers again: the graph's shapes hold
+            # the same buffers again while they fit (the graph's shapes hold); larger ones recompile the step once
+            if static is not None and static.kv_len >= need:
                 crop_to(static.cache, 0, current=static.cols)
                 static, room = static.cache, static.kv_len
-            else:  # larger buffers (the step recompiles once for their length)
+            else:
                 room = -(-need // 256) * 256
                 static = StaticCache(config=self.model.config, max_cache_len=room)
             self.cache = RaggedCache(static, pad, kv_len=room)
@@ -141,9 +140,8 @@ class DraftModelProposer:
         The model's own forward runs only for one column: with several (a prompt, two tokens after a full accept)
         its logits_to_keep slice reaches the lm_head as a strided 3-D tensor, and a CPU then copies the whole head
         for the product (~0.45 s for a 150k-row head in bf16, against ~11 ms from the [B, H] rows used here)."""
-        if (
-            self.compiles
-        ):  # one row (begin): its last column; prompts run eagerly (a graph per length otherwise)
+        # compiled: one row (begin), its last column; prompts run eagerly (a graph per length otherwise)
+        if self.compiles:
             if prefill:
                 logits = self._last_logits(ids, self.cache.cache, **kw)
                 if self._freezing:  # the buffers exist now (HF allocates them at the first update)
