@@ -24,6 +24,7 @@ from draftsmith.modeling import last_rows
 from draftsmith.models import eos_token_ids
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 
+from .cache import compile_options, static_len
 from .proposer import Proposal, Proposer, node_depths
 from .ragged import RaggedCache, committed_tokens, kept_hidden, verify_inputs
 from .results import BatchResult, GenerationResult
@@ -79,16 +80,10 @@ class SpeculativeDecoder:
         # each would be a new graph. dynamic=None: the first step length compiles static, a second marks lengths
         # dynamic, so plain steps, chains and trees share a few graphs instead of one per length (dynamic=False
         # recompiled per draft length until the recompile limit, then fell back to eager).
-        if isinstance(compile, str) and compile not in torch._dynamo.list_backends(exclude_tags=()):
-            raise DraftsmithError(
-                f"unknown compile backend {compile!r}; use True (inductor) or one of "
-                f"{', '.join(torch._dynamo.list_backends(exclude_tags=()))}"
-            )
         self.static = bool(compile) or static_cache
         self._forward_fn = target
         if compile:
-            how = {"mode": "reduce-overhead"} if compile is True else {"backend": compile}
-            self._forward_fn = torch.compile(target.forward, dynamic=None, **how)
+            self._forward_fn = torch.compile(target.forward, dynamic=None, **compile_options(compile))
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids if eos_ids is not None else set(eos_token_ids(target, tokenizer))
         self.stop_strings = tuple(stop_strings)
@@ -124,9 +119,9 @@ class SpeculativeDecoder:
         return head_t if torch.allclose(ref, got, atol=1e-4, rtol=1e-4) else None
 
     def _cache_len(self, tokens: int) -> int:
-        """Rows of a cache for `tokens` tokens: static caches come in whole 256s, so prompts of similar length (and
-        decode.speed.measure_forward_costs) share the compiled step's shapes instead of recompiling."""
-        return -(-tokens // 256) * 256 if self.static else tokens
+        """Rows of a cache for `tokens` tokens: static caches come in whole 256s (cache.static_len), so prompts of
+        similar length (and decode.speed.measure_forward_costs) share the compiled step's shapes."""
+        return static_len(tokens) if self.static else tokens
 
     def _new_cache(self, max_len: int):
         from transformers import DynamicCache, StaticCache

@@ -12,7 +12,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 from draftsmith.vocab import softcap_logits
 
-from .cache import crop_to
+from .cache import compile_options, crop_to, static_len
 from .proposer import Proposal
 from .ragged import RaggedCache
 
@@ -80,11 +80,7 @@ class DraftModelProposer:
             # inductor reads `freezing` from its global config when it compiles (a torch.compile options= entry
             # did not reach it: measured 72 vs 58 ms a step for the 0.5B), so each call sets it for its compiles
             self._freezing = compile is True and self.device.type == "cpu"
-            how = (
-                {"backend": compile}
-                if compile is not True
-                else ({} if self._freezing else {"mode": "reduce-overhead"})
-            )
+            how = {} if self._freezing else compile_options(compile)
             self._step = torch.compile(self._last_logits, dynamic=None, **how)
 
     def begin(self, tokens: torch.Tensor, hidden=None, pad: list[int] | None = None) -> None:
@@ -110,7 +106,7 @@ class DraftModelProposer:
                 crop_to(static.cache, 0, current=static.cols)
                 static, room = static.cache, static.kv_len
             else:
-                room = -(-need // 256) * 256
+                room = static_len(need)
                 static = StaticCache(config=self.model.config, max_cache_len=room)
             self.cache = RaggedCache(static, pad, kv_len=room)
         else:
