@@ -151,6 +151,11 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="draftsmith draft: stop a step's draft below this confidence",
     )
+    ap.add_argument(
+        "--compile-draft",
+        action="store_true",
+        help="also draftsmith's draft with its step compiled (draft:...,compile=1; batch 1): ds_draft_compiled",
+    )
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--threads", type=int, default=None)
@@ -177,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     # the draft as draftsmith trained it: its reduced output vocabulary, when it has one (transformers'
     # assistant_model can only use the full lm_head of the same folder)
     vocab_ids = load_draft_vocab(draft_spec) if Path(draft_spec).is_dir() else None
+    # the compiled step needs the draft with plain nn.Linears (inductor lays out its own weights)
+    compiled = models.load_model(draft_spec, dtype=args.dtype, device=dev) if args.compile_draft else None
 
     if args.prompts == "builtin:dev-eval":  # balance chat and code prompts
         half = max(args.limit // 2, 1)
@@ -192,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     ngram_k = args.ngram_k or args.pld_tokens
     methods = hf_methods(target, tok, dec, draft, args.max_new_tokens, args.pld_tokens)
     methods.update(ds_methods(dec, draft, args.k, args.max_new_tokens, vocab_ids=vocab_ids, stop_below=args.stop_below,
-                              ngram=(ngram_max, ngram_min), ngram_k=ngram_k))  # fmt: skip
+                              ngram=(ngram_max, ngram_min), ngram_k=ngram_k, compiled_draft=compiled))  # fmt: skip
     names = list(methods)
     tokens, seconds, same, ties = run_interleaved(methods, encoded, target, dev)
     mx = args.max_new_tokens
@@ -216,6 +223,10 @@ def main(argv: list[str] | None = None) -> None:
         f"\nds_ngram / hf_prompt_lookup = {tps['ds_ngram'] / tps['hf_prompt_lookup']:.2f}x   (target >= 1.0)"
     )
     print(f"ds_draft / hf_assistant     = {tps['ds_draft'] / tps['hf_assistant']:.2f}x   (target >= 1.3)")
+    if "ds_draft_compiled" in tps:
+        print(
+            f"ds_draft_compiled / hf_assistant = {tps['ds_draft_compiled'] / tps['hf_assistant']:.2f}x   (target >= 1.3)"
+        )
     print(f"ds_plain / hf_plain         = {tps['ds_plain'] / tps['hf_plain']:.2f}x")
     if tmp is not None:
         tmp.cleanup()
