@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.woq import check_quantizable
 
 from .proposer import Proposer
 from .proposers import DraftModelProposer, NGramProposer
@@ -46,15 +47,18 @@ def build_ngram(path: str | None, opts: dict, ctx: DrafterContext | None) -> Pro
 
 
 def build_draft(path: str, opts: dict, ctx: DrafterContext) -> Proposer:
-    """`draft:<dir|hub id|.gguf>[,stop_below=P,vocab=PATH,compile=1]`: a causal LM with the target's tokenizer
-    (reduced vocab honoured); stop_below > 0 ends a step's draft at the first token the draft is less sure of than
-    P; vocab= gives a draft without one a reduced output vocabulary (a draft_vocab.safetensors or a folder holding
-    one); compile=1 runs its step as one torch.compile graph over a static cache (DraftModelProposer)."""
+    """`draft:<dir|hub id|.gguf>[,stop_below=P,vocab=PATH,compile=1,bits=4|8]`: a causal LM with the target's
+    tokenizer (reduced vocab honoured); stop_below > 0 ends a step's draft at the first token the draft is less sure
+    of than P; vocab= gives a draft without one a reduced output vocabulary (a draft_vocab.safetensors or a folder
+    holding one); compile=1 runs its step as one torch.compile graph over a static cache; bits= reads its matmul
+    weights as int4 / int8 (DraftModelProposer, draftsmith.woq)."""
     from draftsmith import models
     from draftsmith.compat import _vocab_size, check_tokenizers
     from draftsmith.vocab import load_draft_vocab, read_draft_vocab
 
     stop_below = opts.get("stop_below", 0.0)
+    if opts.get("bits"):
+        check_quantizable(opts["bits"], device=ctx.device)
     ref = models.resolve(path)
     d_cfg = models.load_config(ref)
     d_tok = models.load_tokenizer(ref)
@@ -68,5 +72,10 @@ def build_draft(path: str, opts: dict, ctx: DrafterContext) -> Proposer:
         vocab_ids = read_draft_vocab(opts["vocab"], min(_vocab_size(d_cfg), ctx.target_vocab_size))
     model = models.load_model(ref, dtype=ctx.dtype, device=ctx.device)  # app.drafters tunes it
     return DraftModelProposer(
-        model, ctx.target_vocab_size, vocab_ids, stop_below=stop_below, compile=opts.get("compile", False)
+        model,
+        ctx.target_vocab_size,
+        vocab_ids,
+        stop_below=stop_below,
+        compile=opts.get("compile", False),
+        bits=opts.get("bits", 0),
     )

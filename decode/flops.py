@@ -31,7 +31,9 @@ from .decoder import SpeculativeDecoder
 from .proposer import Proposer
 
 _DRAFT_CALLS = ("begin", "propose", "advance")
-_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_int_mm"}
+_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_int_mm", "_weight_int4pack_mm_for_cpu",
+            "_weight_int8pack_mm"}  # fmt: skip
+"""The ops whose weight operand counts as read (the last two: draftsmith.woq's quantized draft weights)."""
 
 
 def weight_storages(*objs, depth: int = 3) -> dict[int, int]:

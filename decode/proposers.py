@@ -11,6 +11,7 @@ import torch
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 from draftsmith.vocab import softcap_logits
+from draftsmith.woq import quantize_linear, quantize_linears
 
 from .cache import compile_options, crop_to, static_len
 from .proposer import Proposal
@@ -46,13 +47,18 @@ class DraftModelProposer:
         vocab_ids: torch.Tensor | None = None,
         stop_below: float = 0.0,
         compile: bool | str = False,
+        bits: int = 0,
     ):
         """stop_below: stop drafting (this step) at the first token whose draft probability (softmax at
         temperature 1 over the draft's outputs) is below it — a dynamic draft length in the spirit of EAGLE-2's
         confidence / SpecDec++'s stopping rule. The decision depends on the draft alone, so verification stays
         lossless; it saves the draft steps and the wider verify forward that would likely be rejected.
         compile: True = inductor (on a CPU with freezing), a backend name = that torch.compile backend (tests trace
-        with "aot_eager"); the draft's modules must then keep plain nn.Linears (inductor lays the weights out)."""
+        with "aot_eager"); the draft's modules must then keep plain nn.Linears (inductor lays the weights out).
+        bits: 4 or 8 = the draft's matmul weights (its layers' and its head's) read as int4 in groups / int8
+        (draftsmith.woq, CPU kernels): ~4x / 2x fewer bytes a step; the proposals stay proposals, so decoding stays
+        lossless and only acceptance can move. The input embedding keeps its weights (a tied head gets its own
+        quantized rows)."""
         self.model = model
         self.stop_below = float(stop_below)
         self.target_vocab_size = int(target_vocab_size)
@@ -71,6 +77,13 @@ class DraftModelProposer:
             if self.vocab_ids is not None
             else min(lm_w.shape[0], self.target_vocab_size)
         )
+        if bits:
+            # a head of its own (the rows the draft may emit), so a tied input embedding keeps its weights
+            if self.head is None:
+                self.head = torch.nn.Linear(lm_w.shape[1], self.out_size, bias=False, device="meta")
+                self.head.weight = torch.nn.Parameter(lm_w[: self.out_size].detach(), requires_grad=False)
+            quantize_linears(self.decoder, bits)
+            self.head = quantize_linear(self.head, bits)
         self.compiles = bool(compile)
         self._step, self._freezing, self._warm = None, False, False
         if compile:
@@ -143,7 +156,12 @@ class DraftModelProposer:
                 if self._freezing:  # the buffers exist now (HF allocates them at the first update)
                     _unmark_static(self.cache.cache)
                 return logits
-            with self._inductor_config.patch(freezing=self._freezing):
+            # new buffer lengths (longer prompts, regrowth) add graphs: past dynamo's recompile_limit (8) the step
+            # would fall back to eager silently, with the plain Linears a compiled draft keeps
+            with (
+                self._inductor_config.patch(freezing=self._freezing),
+                _DYNAMO.patch(recompile_limit=RECOMPILE_LIMIT),
+            ):
                 return self._step(ids, self.cache.cache, **kw)
         if self.head is None and last is None and ids.shape[1] == 1:
             return self.model(ids, cache=self.cache.cache, use_cache=True, **kw).logits[
@@ -245,6 +263,14 @@ class DraftModelProposer:
         self.seq = [
             torch.cat([s, new[b, : len(acc) + 1]]) for b, (s, acc) in enumerate(zip(self.seq, accepted_nodes))
         ]
+
+
+RECOMPILE_LIMIT = 64
+"""Graphs the compiled drafts of a process may build (2 per draft and buffer length; dynamo counts them per code
+object, and every draft's step is this one method's) before dynamo runs the step eagerly. Its default, 8, let the
+fifth compiled draft of a process draft eagerly with the plain Linears a compiled draft keeps (measured on tiny
+models: 8 graphs, then none): a frozen draft's weights are graph constants, guarded by identity."""
+_DYNAMO = torch._dynamo.config
 
 
 def _unmark_static(cache) -> None:

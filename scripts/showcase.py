@@ -9,7 +9,8 @@
    OUT/<name>/final is missing is trained (an unfinished run resumes); then the training-free layer-skip search.
 3. one benchmark process: the target loaded once; plain decoding, every trained drafter, `ngram:`, the 0.5B as it
    is, layer skip (at the k its search chose), and every draft LM without a reduced vocabulary again with OUT/vocab-32k (`<name>-vocab32k`:
-   FR-Spec's cheaper lm_head, still lossless), that row once more with its step compiled (`<name>-compiled`)
+   FR-Spec's cheaper lm_head, still lossless), that row once more with its step compiled (`<name>-compiled`) and
+   compiled over int4 weights (`<name>-compiled-int4`: bits=4, the draft's matmuls read 4-bit weights)
    (draftsmith.decode.evaluate.measure: per prompt, all of them back to back in a rotated order),
    then transformers' `generate`, `assistant_model` (the same 0.5B) and prompt lookup the same way, in one loop
    with draftsmith's plain and `draft:` decoding of the same 0.5B, eager and compiled (the ratios between the two libraries come from
@@ -52,7 +53,12 @@ LAYERSKIP_K = 3
 at the k the search measured best (config.json search.k), not at a k it was not chosen for."""
 COMPILED = "compiled"
 """Every draft LM's best row (its reduced vocabulary) is benched again with `compile=1` (`<name>-compiled`): its step
-as one torch.compile graph (inductor freezing on a CPU), beside the eager one in the same run."""
+as one torch.compile graph (inductor freezing on a CPU), beside the eager one in the same run; and once more with
+its matmul weights read as int4 (`<name>-compiled-int4`: bits=4, draftsmith.woq), at INT4_K."""
+INT4 = "int4"
+INT4_K = 5
+"""The int4 draft's draft length: it costs ~0.2 of a target step per token, not ~0.33, which moves the best k up
+(RESULTS.md: the 0.5B on the AMX Xeon)."""
 VOCAB, VOCAB_SIZE = "vocab-32k", 32768
 """OUT/vocab-32k: the data's most frequent target ids (`draftsmith vocab`), the reduced output vocabulary the bench
 gives every full-vocabulary draft LM as a second row (`<name>-vocab32k`: draft:<model>,vocab=OUT/vocab-32k)."""
@@ -76,10 +82,12 @@ def drafter_specs(
 ) -> list[tuple[str, str, int]]:
     """(name, spec, k) of every drafter benched: the baselines, every recipe's final/, layer skip; each draft LM
     without a reduced vocabulary of its own also with OUT/vocab-32k (`<name>-vocab32k`), and each draft LM's last row
-    again compiled (`<name>-compiled`). --skip names any of them."""
+    again compiled (`<name>-compiled`) and compiled over int4 weights (`<name>-compiled-int4`). --skip names any of
+    them."""
     vocab = out / VOCAB
     small = f"draft:{SMALL},vocab={vocab}"
-    specs = list(BASELINES) + [("draft-0.5b-as-is-vocab32k", small, 4), (f"draft-0.5b-as-is-vocab32k-{COMPILED}", f"{small},compile=1", 4)]  # fmt: skip
+    specs = list(BASELINES) + [("draft-0.5b-as-is-vocab32k", small, 4)]
+    specs += _compiled_rows("draft-0.5b-as-is-vocab32k", small, 4)
     for run in runs:
         kind = "distill" if run.trainer == "distill" else configs[run.name].head.kind
         template, k = SPECS[kind]
@@ -87,10 +95,14 @@ def drafter_specs(
         if kind == "distill" and not configs[run.name].model.vocab_size:
             specs.append((f"{run.name}-vocab32k", f"{template.format(final=run.final)},vocab={vocab}", k))
         if kind == "distill":
-            name, spec, _ = specs[-1]
-            specs.append((f"{name}-{COMPILED}", f"{spec},compile=1", k))
+            specs += _compiled_rows(*specs[-1])
     specs.append(("layerskip", f"layerskip:{out / 'layerskip'}", layerskip_k(out)))
     return [s for s in specs if s[0] not in skip]
+
+
+def _compiled_rows(name: str, spec: str, k: int) -> list[tuple[str, str, int]]:
+    """A draft LM's row again compiled, and compiled over int4 weights."""
+    return [(f"{name}-{COMPILED}", f"{spec},compile=1", k), (f"{name}-{COMPILED}-{INT4}", f"{spec},compile=1,bits=4", INT4_K)]  # fmt: skip
 
 
 def layerskip_k(out: Path) -> int:

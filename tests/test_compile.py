@@ -9,6 +9,7 @@ import torch
 
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
+from draftsmith.testing import tiny_model
 
 PROMPTS = [
     torch.tensor([[1, 40, 50, 60, 70, 80, 40, 50, 60, 90, 40, 50]]),
@@ -131,6 +132,35 @@ def test_compiled_draft_step_equals_eager_draft(tiny_target, tiny_draft, monkeyp
         )
         comp_s = dec.generate(ids, compiled, k=3, params=sampled, max_new_tokens=40)
         assert comp_s.tokens == eager_s.tokens and comp_s.accepted == eager_s.accepted
+    torch._dynamo.reset()
+
+
+def test_every_compiled_draft_builds_its_own_graphs(tiny_target, monkeypatch):
+    """Under freezing (compile=1 on a CPU; traced here with aot_eager and freezing set as that path sets it) a draft's
+    weights are graph constants, guarded by identity, so each compiled draft builds its own graphs. dynamo counts
+    graphs against recompile_limit per code object: with one code object shared by every draft, the fifth draft of
+    a process went past the limit (8) and drafted eagerly. And one draft whose buffers grow past the process's limit
+    (here lowered to 2) keeps compiling its steps."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    dec = SpeculativeDecoder(tiny_target, eos_ids=set())
+    want = dec.generate(PROMPTS[0], None, max_new_tokens=10).tokens
+    for i in range(5):
+        prop = DraftModelProposer(tiny_model("llama", 0), 384, compile="aot_eager")
+        prop._freezing = True
+        before = _graphs()
+        assert dec.generate(PROMPTS[0], prop, k=3, max_new_tokens=10).tokens == want
+        assert _graphs() - before == 2, i  # one column and several: compiled, not eager
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    monkeypatch.setattr(DraftModelProposer, "CACHE_ROOM", 0)
+    prop = DraftModelProposer(tiny_model("llama", 0), 384, compile="aot_eager")
+    prop._freezing = True
+    want = dec.generate(PROMPTS[0], None, max_new_tokens=300).tokens
+    before = _graphs()
+    assert dec.generate(PROMPTS[0], prop, k=3, max_new_tokens=300).tokens == want
+    assert prop.cache.kv_len > 256 and _graphs() - before == 4  # two buffer lengths, two graphs each
     torch._dynamo.reset()
 
 

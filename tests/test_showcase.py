@@ -50,6 +50,15 @@ def test_dry_run_plans_every_recipe_and_drafter(tmp_path, capsys):
         f"draft-0.5b-lora-vocab32k-compiled: draft:{out / 'draft-0.5b-lora' / 'final'},vocab={vocab},compile=1"
         in text
     )
+    # and compiled over int4 weights, at the int4 draft's own k
+    assert (
+        f"bench draft-0.5b-as-is-vocab32k-compiled-int4: draft:qwen2.5-coder-0.5b,vocab={vocab},compile=1,bits=4 "
+        f"@ k={showcase.INT4_K}" in text
+    )
+    assert (
+        f"bench draft-0.5b-pruned-compiled-int4: draft:{out / 'draft-0.5b-pruned' / 'final'},compile=1,bits=4"
+        in text
+    )
     assert not out.exists()
 
 

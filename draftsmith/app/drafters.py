@@ -35,6 +35,7 @@ from draftsmith.kinds import (
     spec_for,
 )
 from draftsmith.vocab import vocab_file
+from draftsmith.woq import check_quantizable
 
 
 def _draft_cost(target, settings, opts) -> Proposer:
@@ -44,7 +45,7 @@ def _draft_cost(target, settings, opts) -> Proposer:
 
     dtype = next(target.parameters()).dtype
     model = random_causal_lm(DRAFT_FOR[settings.shape], settings.device, dtype, seed=1)
-    return DraftModelProposer(model, target.config.vocab_size)
+    return DraftModelProposer(model, target.config.vocab_size, bits=opts.get("bits", 0))
 
 
 def _draft_example(root: Path, target) -> str:
@@ -54,9 +55,12 @@ def _draft_example(root: Path, target) -> str:
 
 
 def _check_draft(opts: dict) -> None:
-    """vocab= names a file that is there, before anything loads (its ids are checked against the draft's vocab)."""
+    """vocab= names a file that is there, before anything loads (its ids are checked against the draft's vocab);
+    bits= is a width the CPU kernels take (the device is checked when the drafter is built, before its weights)."""
     if "vocab" in opts:
         vocab_file(opts["vocab"])
+    if "bits" in opts:
+        check_quantizable(opts["bits"])
 
 
 def _check_ngram(opts: dict) -> None:
@@ -94,6 +98,14 @@ DRAFT = DrafterKind(
             bool,
             "run the draft step as one torch.compile graph over a static cache (batch size 1; a CPU: inductor "
             "freezing lays the weights out)",
+        ),
+        Option(
+            "bits",
+            int,
+            "read the draft's matmul weights as int4 (4, in groups of 32) or int8 (8) on a CPU: fewer bytes a draft "
+            "step, decoding still lossless",
+            min=4,
+            max=8,
         ),
     ),  # fmt: skip
     check_options=_check_draft,
