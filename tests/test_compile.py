@@ -153,13 +153,14 @@ def test_every_compiled_draft_builds_its_own_graphs(tiny_target, monkeypatch):
         assert dec.generate(PROMPTS[0], prop, k=3, max_new_tokens=10).tokens == want
         assert _graphs() - before == 2, i  # one column and several: compiled, not eager
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     monkeypatch.setattr(DraftModelProposer, "CACHE_ROOM", 0)
     prop = DraftModelProposer(tiny_model("llama", 0), 384, compile="aot_eager")
     prop._freezing = True
     want = dec.generate(PROMPTS[0], None, max_new_tokens=300).tokens
-    before = _graphs()
-    assert dec.generate(PROMPTS[0], prop, k=3, max_new_tokens=300).tokens == want
+    # config.patch, not monkeypatch: undoing a monkeypatch deletes the option, which hides it from dynamo for good
+    with torch._dynamo.config.patch(recompile_limit=2):
+        before = _graphs()
+        assert dec.generate(PROMPTS[0], prop, k=3, max_new_tokens=300).tokens == want
     assert prop.cache.kv_len > 256 and _graphs() - before == 4  # two buffer lengths, two graphs each
     torch._dynamo.reset()
 
