@@ -93,12 +93,12 @@ def _target_weights(decoder: SpeculativeDecoder) -> dict[int, int]:
 
 
 @contextmanager
-def _counting(proposer: Proposer, totals: list[int], reads: WeightReads | None = None):
-    """Count the FLOPs of the proposer's own calls into totals[0] and, with `reads`, the weights they read
-    (instance attributes, restored on exit)."""
+def _counting(proposer: Proposer, calls: list[tuple[str, int]], reads: WeightReads | None = None):
+    """Append (name, FLOPs) of each of the proposer's own calls to `calls` and, with `reads`, record the weights
+    they read (instance attributes, restored on exit)."""
     originals = {name: getattr(proposer, name) for name in _DRAFT_CALLS}
 
-    def counted(fn):
+    def counted(name, fn):
         def wrapper(*args, **kwargs):
             with FlopCounterMode(display=False) as fc:
                 if reads is None:
@@ -106,13 +106,13 @@ def _counting(proposer: Proposer, totals: list[int], reads: WeightReads | None =
                 else:
                     with reads:
                         out = fn(*args, **kwargs)
-            totals[0] += fc.get_total_flops()
+            calls.append((name, fc.get_total_flops()))
             return out
 
         return wrapper
 
     for name, fn in originals.items():
-        setattr(proposer, name, counted(fn))
+        setattr(proposer, name, counted(name, fn))
     try:
         yield
     finally:
@@ -131,7 +131,8 @@ def decode_flops(
     max_new_tokens: int = 24,
 ) -> dict:
     """FLOPs of one plain target decode step (prefill excluded) and, with a proposer, of its drafting per drafted
-    token (tree nodes count as drafted tokens, as in the decoder's time accounting), and the weight bytes each side
+    token (tree nodes count as drafted tokens, as in the decoder's time accounting; the prompt's prefill excluded:
+    the calls up to the first proposal), and the weight bytes each side
     reads (module docstring): weight_share = the drafter's over a plain step's. ids: [1, T] a prompt."""
     with FlopCounterMode(display=False) as fc:
         prefill = decoder.generate(ids, None, max_new_tokens=1)
@@ -144,12 +145,16 @@ def decode_flops(
     out = {"target_step_flops": step, "target_weight_bytes": target_reads.bytes()}
     if proposer is None:
         return out
-    totals = [0]
+    calls: list[tuple[str, int]] = []
     reads = WeightReads({**_target_weights(decoder), **weight_storages(proposer)})
-    with _counting(proposer, totals, reads):
+    with _counting(proposer, calls, reads):
         res = decoder.generate(ids, proposer, k=k, max_new_tokens=max_new_tokens)
     drafted = sum(res.verified) - len(res.verified)  # nodes drafted over all verify steps
-    out["draft_flops_per_token"] = totals[0] / max(drafted, 1)
+    # the prompt's prefill (begin and the first propose: a draft LM runs the prompt there, a head its hidden
+    # states) is left out, as on the target side: per drafted token from the second verify step on
+    first = next((i for i, (name, _) in enumerate(calls) if name == "propose"), len(calls))
+    later = res.verified[1:]
+    out["draft_flops_per_token"] = sum(f for _, f in calls[first + 1 :]) / max(sum(later) - len(later), 1)
     out["flop_share"] = out["draft_flops_per_token"] / step if step else None
     out["drafted_tokens"] = drafted
     out["draft_weight_bytes"] = reads.bytes()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import types
 from pathlib import Path
 
 import torch
@@ -73,7 +74,9 @@ def extra_bytes(obj, target) -> int:
         elif isinstance(x, (list, tuple)):
             for v in x:
                 visit(v, depth + 1)
-        elif hasattr(x, "__dict__") and not isinstance(x, type):
+        elif hasattr(x, "__dict__") and not isinstance(
+            x, (type, types.ModuleType)
+        ):  # a compiled draft's config
             for k, v in vars(x).items():
                 if k not in ("cache", "decoder", "kv", "pending", "seq", "buf"):  # per-sequence state
                     visit(v, depth + 1)

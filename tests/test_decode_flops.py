@@ -39,6 +39,17 @@ def test_target_step_and_draft_share_follow_the_weights(tiny_target, tiny_draft)
     assert not set(vars(proposer)) & {"begin", "propose", "advance"}  # the counting wrappers are gone
 
 
+def test_the_drafts_prompt_prefill_is_not_a_drafted_tokens_cost(tiny_target, tiny_draft):
+    """As the target's step excludes its prefill, the draft's cost per drafted token excludes the prompt it runs
+    first: with a 200-token prompt the share stays near the draft's weight share (counting the prefill made it
+    several times the whole target's step)."""
+    dec = SpeculativeDecoder(tiny_target, None)
+    long_prompt = torch.randint(3, 384, (1, 200), generator=torch.Generator().manual_seed(0))
+    got = decode_flops(dec, DraftModelProposer(tiny_draft, 384), long_prompt, k=3)
+    weights_share = _matmul_params(tiny_draft) / _matmul_params(tiny_target)
+    assert weights_share * 0.9 <= got["flop_share"] <= weights_share * 2.5
+
+
 def test_a_lookup_drafter_costs_no_flops(tiny_target):
     dec = SpeculativeDecoder(tiny_target, None)
     proposer = NGramProposer()
