@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.woq import check_quantizable
+from draftsmith.woq import GROUP, check_group_divides, check_quantizable
 
 from .proposer import Proposer
 from .proposers import DraftModelProposer, NGramProposer
@@ -47,20 +47,23 @@ def build_ngram(path: str | None, opts: dict, ctx: DrafterContext | None) -> Pro
 
 
 def build_draft(path: str, opts: dict, ctx: DrafterContext) -> Proposer:
-    """`draft:<dir|hub id|.gguf>[,stop_below=P,vocab=PATH,compile=1,bits=4|8]`: a causal LM with the target's
+    """`draft:<dir|hub id|.gguf>[,stop_below=P,vocab=PATH,compile=1,bits=4|8,group=G]`: a causal LM with the target's
     tokenizer (reduced vocab honoured); stop_below > 0 ends a step's draft at the first token the draft is less sure
     of than P; vocab= gives a draft without one a reduced output vocabulary (a draft_vocab.safetensors or a folder
     holding one); compile=1 runs its step as one torch.compile graph over a static cache; bits= reads its matmul
-    weights as int4 / int8 (DraftModelProposer, draftsmith.woq)."""
+    weights as int4 (in groups of `group` input columns) / int8 (DraftModelProposer, draftsmith.woq)."""
     from draftsmith import models
     from draftsmith.compat import _vocab_size, check_tokenizers
     from draftsmith.vocab import load_draft_vocab, read_draft_vocab
 
     stop_below = opts.get("stop_below", 0.0)
+    group = opts.get("group", GROUP)
     if opts.get("bits"):
-        check_quantizable(opts["bits"], device=ctx.device)
+        check_quantizable(opts["bits"], group, device=ctx.device)
     ref = models.resolve(path)
     d_cfg = models.load_config(ref)
+    if opts.get("bits") == 4:
+        check_group_divides(group, d_cfg)
     d_tok = models.load_tokenizer(ref)
     check_tokenizers(ctx.tokenizer, d_tok, ctx.target_vocab_size, _vocab_size(d_cfg))  # before any weights
     vocab_ids = load_draft_vocab(ref.path) if ref.kind == "dir" else None
@@ -78,4 +81,5 @@ def build_draft(path: str, opts: dict, ctx: DrafterContext) -> Proposer:
         stop_below=stop_below,
         compile=opts.get("compile", False),
         bits=opts.get("bits", 0),
+        group=group,
     )

@@ -11,7 +11,7 @@ import torch
 from draftsmith.errors import DraftsmithError
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 from draftsmith.vocab import softcap_logits
-from draftsmith.woq import quantize_linear, quantize_linears
+from draftsmith.woq import GROUP, quantize_linear, quantize_linears
 
 from .cache import compile_options, crop_to, static_len
 from .proposer import Proposal
@@ -48,6 +48,7 @@ class DraftModelProposer:
         stop_below: float = 0.0,
         compile: bool | str = False,
         bits: int = 0,
+        group: int = GROUP,
     ):
         """stop_below: stop drafting (this step) at the first token whose draft probability (softmax at
         temperature 1 over the draft's outputs) is below it — a dynamic draft length in the spirit of EAGLE-2's
@@ -58,7 +59,7 @@ class DraftModelProposer:
         bits: 4 or 8 = the draft's matmul weights (its layers' and its head's) read as int4 in groups / int8
         (draftsmith.woq, CPU kernels): ~4x / 2x fewer bytes a step; the proposals stay proposals, so decoding stays
         lossless and only acceptance can move. The input embedding keeps its weights (a tied head gets its own
-        quantized rows)."""
+        quantized rows). group: int4's input columns per scale/zero pair."""
         self.model = model
         self.stop_below = float(stop_below)
         self.target_vocab_size = int(target_vocab_size)
@@ -82,8 +83,8 @@ class DraftModelProposer:
             if self.head is None:
                 self.head = torch.nn.Linear(lm_w.shape[1], self.out_size, bias=False, device="meta")
                 self.head.weight = torch.nn.Parameter(lm_w[: self.out_size].detach(), requires_grad=False)
-            quantize_linears(self.decoder, bits)
-            self.head = quantize_linear(self.head, bits)
+            quantize_linears(self.decoder, bits, group)
+            self.head = quantize_linear(self.head, bits, group)
         self.compiles = bool(compile)
         self._step, self._freezing, self._warm = None, False, False
         if compile:

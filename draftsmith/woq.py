@@ -121,6 +121,19 @@ def check_quantizable(bits: int, group: int = GROUP, device: torch.device | str 
         )
 
 
+def check_group_divides(group: int, config) -> None:
+    """One DraftsmithError line, from a model's config before its weights load, when `group` does not divide the
+    input width of its Linears (hidden_size, intermediate_size): those would stay unquantized."""
+    widths = {
+        getattr(config, name) for name in ("hidden_size", "intermediate_size") if getattr(config, name, None)
+    }
+    bad = sorted(w for w in widths if w % group)
+    if bad:
+        fits = [g for g in GROUPS if all(w % g == 0 for w in widths)]
+        fix = f"use group={max(fits)} or a smaller one" if fits else "no int4 group divides it: use bits=8"
+        raise DraftsmithError(f"group={group} does not divide the draft's width {bad[0]}; {fix}")
+
+
 def quantize_linear(linear: nn.Linear, bits: int, group: int = GROUP) -> nn.Module:
     """The quantized stand-in for one frozen nn.Linear (int4 needs its input width divisible by `group`: a Linear
     whose width is not stays as it is)."""

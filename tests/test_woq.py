@@ -90,6 +90,36 @@ def test_quantized_draft_greedy_equals_plain_alone_and_in_a_batch(arch, bits):
     assert rows[1].tokens == dec.generate(other, None, max_new_tokens=24).tokens
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_an_int4_draft_in_groups_of_64_reads_fewer_bytes_and_stays_lossless(arch):
+    target = tiny_model(arch, 0)
+    dec = SpeculativeDecoder(target, eos_ids=set())
+    ref = dec.generate(PROMPT, None, max_new_tokens=24).tokens
+    g32 = DraftModelProposer(tiny_model(arch, 0), target.config.vocab_size, bits=4)
+    g64 = DraftModelProposer(tiny_model(arch, 0), target.config.vocab_size, bits=4, group=64)
+    quantized = [m for m in g64.decoder.modules() if isinstance(m, Int4Linear)]
+    layers = tiny_model(arch, 0).config.num_hidden_layers
+    assert len(quantized) == 7 * layers and {m.group for m in quantized} == {64} and g64.head.group == 64
+    assert weight_bytes(g64.decoder) < weight_bytes(g32.decoder)  # half the scales and zeros
+    res = dec.generate(PROMPT, g64, k=3, max_new_tokens=24)
+    assert res.tokens == ref and sum(res.accepted) > 0
+
+
+def test_a_group_that_does_not_divide_the_drafts_widths_names_one_that_does():
+    from types import SimpleNamespace
+
+    from draftsmith.woq import check_group_divides
+
+    qwen_05b = SimpleNamespace(hidden_size=896, intermediate_size=4864)
+    check_group_divides(128, qwen_05b)
+    with pytest.raises(
+        DraftsmithError, match="group=256 does not divide the draft's width 896; use group=128"
+    ):
+        check_group_divides(256, qwen_05b)
+    with pytest.raises(DraftsmithError, match="no int4 group divides it: use bits=8"):
+        check_group_divides(32, SimpleNamespace(hidden_size=100, intermediate_size=256))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_sampled_decoding_with_an_int4_draft_matches_target_distribution(arch):
@@ -140,14 +170,21 @@ def test_check_quantizable_names_the_fix():
         quantize_linears(nn.Linear(64, 8, device="meta"), 8)  # a module's own device is checked too
 
 
-@pytest.mark.parametrize("bits", ["5", "16", "x"])
-def test_eval_refuses_a_width_it_cannot_read(tiny_dirs, tmp_path, capsys, bits):
+@pytest.mark.parametrize(
+    "opts, named",
+    [("bits=5", "bits"), ("bits=16", "bits"), ("bits=x", "bits"), ("group=64", "add bits=4"),
+     ("bits=8,group=64", "add bits=4"), ("bits=4,group=48", "int4 group size"),
+     ("bits=4,group=256", "does not divide the draft's width 64; use group=64")],
+)  # fmt: skip
+def test_eval_refuses_a_width_or_group_it_cannot_read(tiny_dirs, tmp_path, capsys, opts, named):
     out = tmp_path / "ev"
-    rc = main(["eval", "--target", tiny_dirs["target"], "--drafter", f"draft:{tiny_dirs['draft']},bits={bits}",
+    rc = main(["eval", "--target", tiny_dirs["target"], "--drafter", f"draft:{tiny_dirs['draft']},{opts}",
                "--prompts", "builtin:vicuna", "--limit", "1", "--max-new-tokens", "4", "--device", "cpu",
                "--no-progress", "--out", str(out)])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "bits" in err[0], err
+    if "divide" in named:  # the draft's widths are read from its config, after the target has loaded
+        err = [line for line in err if not line.startswith("Loading weights")]
+    assert rc == 2 and len(err) == 1 and named in err[0], err
     assert not out.exists()
 
 

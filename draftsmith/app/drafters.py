@@ -35,7 +35,7 @@ from draftsmith.kinds import (
     spec_for,
 )
 from draftsmith.vocab import vocab_file
-from draftsmith.woq import check_quantizable
+from draftsmith.woq import GROUP, check_quantizable
 
 
 def _draft_cost(target, settings, opts) -> Proposer:
@@ -45,7 +45,9 @@ def _draft_cost(target, settings, opts) -> Proposer:
 
     dtype = next(target.parameters()).dtype
     model = random_causal_lm(DRAFT_FOR[settings.shape], settings.device, dtype, seed=1)
-    return DraftModelProposer(model, target.config.vocab_size, bits=opts.get("bits", 0))
+    return DraftModelProposer(
+        model, target.config.vocab_size, bits=opts.get("bits", 0), group=opts.get("group", GROUP)
+    )
 
 
 def _draft_example(root: Path, target) -> str:
@@ -56,11 +58,14 @@ def _draft_example(root: Path, target) -> str:
 
 def _check_draft(opts: dict) -> None:
     """vocab= names a file that is there, before anything loads (its ids are checked against the draft's vocab);
-    bits= is a width the CPU kernels take (the device is checked when the drafter is built, before its weights)."""
+    bits= is a width the CPU kernels take and group= one of int4's group sizes, only with bits=4 (the device and
+    the draft's widths are checked when the drafter is built, before its weights)."""
     if "vocab" in opts:
         vocab_file(opts["vocab"])
     if "bits" in opts:
-        check_quantizable(opts["bits"])
+        check_quantizable(opts["bits"], opts.get("group", GROUP))
+    if "group" in opts and opts.get("bits") != 4:
+        raise DraftsmithError(f"group={opts['group']} sets int4's group size; add bits=4 or drop group=")
 
 
 def _check_ngram(opts: dict) -> None:
@@ -106,6 +111,14 @@ DRAFT = DrafterKind(
             "step, decoding still lossless",
             min=4,
             max=8,
+        ),
+        Option(
+            "group",
+            int,
+            "with bits=4: input columns per scale and zero (32, 64, 128 or 256; default 32); larger reads fewer "
+            "bytes, smaller stays closer to the weights",
+            min=32,
+            max=256,
         ),
     ),  # fmt: skip
     check_options=_check_draft,
