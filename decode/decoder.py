@@ -20,6 +20,7 @@ import transformers
 
 from draftsmith.cpulayout import TunedLinear
 from draftsmith.errors import DraftsmithError
+from draftsmith.gqa import use_packed_gqa
 from draftsmith.modeling import last_rows
 from draftsmith.models import eos_token_ids
 from draftsmith.sampling import SamplingParams, sample, warp_probs
@@ -81,6 +82,7 @@ class SpeculativeDecoder:
         # dynamic, so plain steps, chains and trees share a few graphs instead of one per length (dynamic=False
         # recompiled per draft length until the recompile limit, then fell back to eager).
         self.static = bool(compile) or static_cache
+        use_packed_gqa(target)  # verify blocks and compiled steps attend without repeating the cache's heads
         self._forward_fn = target
         if compile:
             self._forward_fn = torch.compile(target.forward, dynamic=None, **compile_options(compile))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.gqa import use_packed_gqa
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 from draftsmith.vocab import softcap_logits
 from draftsmith.woq import GROUP, quantize_linear, quantize_linears
@@ -61,6 +62,7 @@ class DraftModelProposer:
         lossless and only acceptance can move. The input embedding keeps its weights (a tied head gets its own
         quantized rows). group: int4's input columns per scale/zero pair."""
         self.model = model
+        use_packed_gqa(model)  # a few columns over the cache without repeating its key/value heads
         self.stop_below = float(stop_below)
         self.target_vocab_size = int(target_vocab_size)
         self.device = next(model.parameters()).device
