@@ -95,13 +95,14 @@ def _target_weights(decoder: SpeculativeDecoder) -> dict[int, int]:
 @contextmanager
 def _counting(proposer: Proposer, calls: list[tuple[str, int]], reads: WeightReads | None = None):
     """Append (name, FLOPs) of each of the proposer's own calls to `calls` and, with `reads`, record the weights
-    they read (instance attributes, restored on exit)."""
+    they read from the second proposal on (the prompt's prefill, up to the first, may read other copies:
+    draftsmith.woq multiplies a prompt by dense weights) (instance attributes, restored on exit)."""
     originals = {name: getattr(proposer, name) for name in _DRAFT_CALLS}
 
     def counted(name, fn):
         def wrapper(*args, **kwargs):
             with FlopCounterMode(display=False) as fc:
-                if reads is None:
+                if reads is None or not any(n == "propose" for n, _ in calls):
                     out = fn(*args, **kwargs)
                 else:
                     with reads:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from draftsmith import woq
 from draftsmith.app.cli import main
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.flops import decode_flops
@@ -24,8 +25,12 @@ PROMPT = torch.tensor([[1, 40, 50, 60, 70, 80, 40, 50, 60, 90, 40, 50]])
 
 
 def _dense(q: nn.Module, in_features: int) -> torch.Tensor:
-    """The weight [out, in] a quantized Linear multiplies by (its product with the identity, bias removed)."""
+    """The weight [out, in] a quantized Linear's decode steps multiply by (the kernel's product with the identity,
+    bias removed; an Int4Linear's forward would take its dense weight for that many rows)."""
     eye = torch.eye(in_features)
+    if isinstance(q, Int4Linear):
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, q.packed, q.group, q.scales_zeros)
+        return out[:, : q.out_features].t()
     out = q(eye)
     return (out if q.bias is None else out - q.bias).t()
 
@@ -58,6 +63,19 @@ def test_int4_and_int8_errors_stay_within_half_a_step(group):
     step8 = (w.abs().amax(1, keepdim=True) / 127).expand_as(w)
     err8 = (_dense(Int8Linear(lin), 256) - w).abs()
     assert bool((err8 <= step8 / 2 + 1e-6).all()) and float(err8.max()) > 0  # quantized, not a copy
+
+
+def test_a_prefill_multiplies_the_dense_weight_and_a_step_the_int4_one():
+    """More than DENSE_ROWS rows (a prompt) take the Linear's own weight; fewer (a draft step) the int4 kernel."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 40)
+    q = Int4Linear(lin)
+    many, few = torch.randn(woq.DENSE_ROWS + 1, 64), torch.randn(woq.DENSE_ROWS, 64)
+    torch.testing.assert_close(q(many), lin(many), rtol=0, atol=0)
+    int4_w = _dense(q, 64)
+    torch.testing.assert_close(q(few), few @ int4_w.t() + lin.bias, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(int4_w, lin.weight.detach())  # the step really reads the 4-bit copy
+    assert "dense" not in q.state_dict() and weight_bytes(q) == q.packed.nbytes + q.scales_zeros.nbytes
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -136,8 +154,11 @@ def test_sampled_decoding_with_an_int4_draft_matches_target_distribution(arch):
     assert tvd < 0.06, ("B=2", tvd)
 
 
-def test_compiled_int4_draft_decodes_as_the_eager_one(tiny_target):
-    """compile= and bits= together: the quantized step traced as one graph accepts exactly what the eager one does."""
+def test_compiled_int4_draft_decodes_as_the_eager_one(tiny_target, monkeypatch):
+    """compile= and bits= together: the quantized step traced as one graph accepts exactly what the eager one does
+    (every product in int4 here: a compiled draft's first prompt feeds its last tokens one and two at a time, which
+    would otherwise be int4 rows where the eager draft's prefill multiplied dense weights)."""
+    monkeypatch.setattr(woq, "DENSE_ROWS", 10**9)
     dec = SpeculativeDecoder(tiny_target, eos_ids=set())
     vocab = tiny_target.config.vocab_size
     eager = dec.generate(
