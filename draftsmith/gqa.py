@@ -75,9 +75,8 @@ def use_packed_gqa(model) -> bool:
     it switched (other implementations and models without groups are left as they are)."""
     model = causal_lm(model)
     config = model.config
-    groups = getattr(config, "num_attention_heads", 0) // max(
-        getattr(config, "num_key_value_heads", 0) or 1, 1
-    )
+    heads = getattr(config, "num_attention_heads", 0)
+    groups = heads // (getattr(config, "num_key_value_heads", None) or heads or 1)
     if getattr(config, "_attn_implementation", None) not in ("sdpa", NAME) or groups <= 1:
         return False
     if NAME not in AttentionInterface._global_mapping:

@@ -74,9 +74,8 @@ def extra_bytes(obj, target) -> int:
         elif isinstance(x, (list, tuple)):
             for v in x:
                 visit(v, depth + 1)
-        elif hasattr(x, "__dict__") and not isinstance(
-            x, (type, types.ModuleType)
-        ):  # a compiled draft's config
+        # (not a module object: a compiled draft holds inductor's config module)
+        elif hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType)):
             for k, v in vars(x).items():
                 if k not in ("cache", "decoder", "kv", "pending", "seq", "buf"):  # per-sequence state
                     visit(v, depth + 1)
