@@ -26,7 +26,7 @@ from draftsmith.models import eos_token_ids
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 
 from .cache import compile_options, static_len
-from .proposer import Proposal, Proposer, node_depths
+from .proposer import Proposal, Proposer, node_depths, proposal_nodes
 from .ragged import RaggedCache, committed_tokens, kept_hidden, verify_inputs
 from .results import BatchResult, GenerationResult
 from .rowwise import batched
@@ -249,7 +249,7 @@ class SpeculativeDecoder:
         """The prompts' forward; the first token of every row comes from the target alone (as in plain decoding)."""
         T = ids.shape[1]
         # a tree block briefly occupies 1 + N cache rows before compaction (static buffers must hold them)
-        nodes = max(k, int(getattr(run.proposer, "max_nodes", 0) or 0))
+        nodes = proposal_nodes(run.proposer, k)
         max_len = self._cache_len(T + max_new_tokens + 1 + nodes)
         run.ragged = RaggedCache(self._new_cache(max_len), pads, kv_len=max_len if self.static else None)
         kw = run.ragged.prefill_inputs(T, self.target.dtype, self.device)

@@ -127,7 +127,8 @@ class Proposer(Protocol):
     name: str
     # HF output_hidden_states indices the proposer needs (empty = none); see the module docstring.
     hidden_state_layers: tuple[int, ...]
-    # Optional attribute `max_nodes: int`: the most nodes one Proposal may hold (sizes static caches; default k).
+    # Optional attribute `max_nodes: int` (or a function of k): the most nodes one Proposal may hold (sizes static
+    # caches; default k); `proposal_nodes` reads it.
     # Optional attribute `tree`: a short description of the tree shape, copied into eval.json conditions.
     # Optional hooks (self-speculative drafters, heads.selfspec): `attach(decoder, cache)` right after the
     # prefill hands over the target's KV cache (a decode.ragged.RaggedCache: the HF cache and its rows' lengths);
@@ -159,6 +160,12 @@ class Proposer(Protocol):
 
     # Optional (batches): `retain(rows: list[int])` keeps only those rows (ascending batch indices) of every
     # per-row state, after a step's advance; a proposer without it is single-row (decode.rowwise wraps it).
+
+
+def proposal_nodes(proposer, k: int) -> int:
+    """The most nodes a proposal of `proposer` may hold at draft depth k (its `max_nodes`, at least k)."""
+    most = getattr(proposer, "max_nodes", 0) or 0
+    return max(k, int(most(k) if callable(most) else most))
 
 
 def node_depths(parents: list[int]) -> list[int]:

@@ -1,6 +1,7 @@
 """The two model-free / small-model proposers: a draft causal LM and n-gram prompt lookup.
 
-Both are chains and both decode batches (rows of different lengths, each accepting its own number of tokens).
+Both are chains (the draft LM a tree with `siblings`) and both decode batches (rows of different lengths, each
+accepting its own number of tokens).
 Instances are reusable across prompts: `begin()` resets all per-sequence state.
 """
 
@@ -26,8 +27,9 @@ class DraftModelProposer:
     logits are computed over those rows only and mapped back to target ids; q is zero outside them.
 
     Batches: the draft's cache is a RaggedCache like the target's (left-padded prompts, per-row lengths). Each
-    propose first feeds every row's committed tokens the cache lacks (1, or 2 after a full accept), then drafts one
-    token per forward for all rows; a row whose draft stops early (stop_below) proposes fewer tokens.
+    propose first feeds every row's committed tokens the cache lacks (1, or 2 after a full accept or an accepted
+    sibling), then drafts one token per forward for all rows; a row whose draft stops early (stop_below) proposes
+    fewer tokens.
 
     Compiled (`compile`): the draft's forward + head run as one torch.compile graph over a StaticCache, one prompt at
     a time. On a CPU, inductor's freezing folds the weights into the graph (oneDNN's blocked copies, what
@@ -50,6 +52,7 @@ class DraftModelProposer:
         compile: bool | str = False,
         bits: int = 0,
         group: int = GROUP,
+        siblings: int = 0,
     ):
         """stop_below: stop drafting (this step) at the first token whose draft probability (softmax at
         temperature 1 over the draft's outputs) is below it — a dynamic draft length in the spirit of EAGLE-2's
@@ -60,10 +63,20 @@ class DraftModelProposer:
         bits: 4 or 8 = the draft's matmul weights (its layers' and its head's) read as int4 in groups / int8
         (draftsmith.woq, CPU kernels): ~4x / 2x fewer bytes a step; the proposals stay proposals, so decoding stays
         lossless and only acceptance can move. The input embedding keeps its weights (a tied head gets its own
-        quantized rows). group: int4's input columns per scale/zero pair."""
+        quantized rows). group: int4's input columns per scale/zero pair.
+        siblings: S > 0 turns the chain into a tree at no extra draft forward: beside the chain's token at every
+        depth, S alternatives from the same draft distribution, each a leaf under the chain's previous token.
+        Greedy: the next S tokens by draft logit (when the target rejects the draft's first choice, its second is
+        often the target's); sampling: S more independent draws from q (SpecInfer's multi-candidate rule keeps
+        that lossless). A sibling the target accepts ends the round there, so the draft never drafts after it; the
+        verify grows to 1 + k (1 + S) tokens, about free while the target's step is bound by its weight reads."""
         self.model = model
         use_packed_gqa(model)  # a few columns over the cache without repeating its key/value heads
         self.stop_below = float(stop_below)
+        self.siblings = int(siblings)
+        if self.siblings:
+            self.tree = f"chain + {self.siblings} sibling(s) per depth"
+            self.max_nodes = lambda k: k * (1 + self.siblings)  # the decoder sizes static caches from it
         self.target_vocab_size = int(target_vocab_size)
         self.device = next(model.parameters()).device
         self.decoder = model.get_decoder()
@@ -220,7 +233,7 @@ class DraftModelProposer:
         logits = self._feed_committed()
         self.base = list(self.cache.lengths)
         sizes = [k] * B  # drafted tokens per row (a confidence stop shortens a row)
-        tokens, probs = [], []
+        tokens, probs, alts = [], [], []  # per depth: [B] chain tokens, [B, V] q, [B, S] siblings
         for i in range(k):
             if i > 0:  # the previous token goes into the cache; its logits give this one
                 rc = self.cache
@@ -235,9 +248,15 @@ class DraftModelProposer:
                     break  # every row stopped: the cache holds the last drafted token, advance() crops it
             if params.greedy:
                 idx = logits.argmax(-1)  # [B]
+                if self.siblings:  # the next best tokens after the chain's own
+                    alt = logits.scatter(-1, idx[:, None], float("-inf")).topk(self.siblings, -1).indices
+                    alts.append(self._to_target(alt))
             else:
                 q = warp_probs(logits, params)  # [B, out_size]: the distribution the token is drawn from
                 idx = sample(q, generator)
+                if self.siblings:  # independent draws from the same q
+                    alt = torch.stack([sample(q, generator) for _ in range(self.siblings)], 1)
+                    alts.append(self._to_target(alt))
                 full = q.new_zeros(q.shape[0], self.target_vocab_size)
                 if self.vocab_ids is not None:
                     full.index_copy_(1, self.vocab_ids, q)
@@ -250,15 +269,38 @@ class DraftModelProposer:
         if width == 0:
             return Proposal.empty(B, self.device)
         toks = torch.stack(tokens[:width], 1)
-        return Proposal.chain(
-            toks, torch.stack(probs[:width], 1) if probs else None, None if min(sizes) == width else sizes
-        )
+        q = torch.stack(probs[:width], 1) if probs else None
+        if not self.siblings:
+            return Proposal.chain(toks, q, None if min(sizes) == width else sizes)
+        return self._with_siblings(toks, q, torch.stack(alts[:width], 1), sizes)
+
+    def _with_siblings(
+        self, toks: torch.Tensor, q: torch.Tensor | None, alts: torch.Tensor, sizes: list[int]
+    ) -> Proposal:
+        """The chain toks [B, w] (row b: its first sizes[b]) with alts [B, w, S] beside it: row b's nodes are its
+        chain, then depth 1's siblings, depth 2's, ... (each a child of the chain node before its depth)."""
+        S = self.siblings
+
+        def parents(n: int) -> list[int]:
+            return list(range(-1, n - 1)) + [d - 1 for d in range(n) for _ in range(S)]
+
+        if len(set(sizes)) == 1:  # every row the same tree: one parents list
+            probs = None if q is None else torch.cat([q, q.repeat_interleave(S, 1)], 1)
+            return Proposal(torch.cat([toks, alts.flatten(1)], 1), parents(sizes[0]), probs)
+
+        def one(b: int, n: int) -> Proposal:
+            tokens = torch.cat([toks[b, :n], alts[b, :n].flatten()])[None]
+            probs = None if q is None else torch.cat([q[b, :n], q[b, :n].repeat_interleave(S, 0)])[None]
+            return Proposal(tokens, parents(n), probs)
+
+        return Proposal.stack([one(b, n) for b, n in enumerate(sizes)])
 
     def advance(self, accepted_nodes: list[list[int]], new_tokens: torch.Tensor, hidden=None) -> None:
         # per row the cache holds the committed tokens + the drafted tokens fed after them (all but the last
         # drafted one); only drafted[:a] stays valid, and at most drafted[:n-1] is known to be there (no recompute)
+        # (a sibling, index >= n, is a leaf the draft never fed: it counts as the first token to feed)
         keep = [
-            min(base + min(len(acc), n - 1), length)
+            min(base + min(sum(i < n for i in acc), n - 1), length)
             for base, acc, n, length in zip(self.base, accepted_nodes, self.proposed, self.cache.lengths)
         ]
         self.cache.set_lengths(keep)

@@ -28,20 +28,28 @@ case "$TRAINER" in
     # run computes are cached (hybrid) in one folder every later loss and seed reads
     sets=(--set "data.source=[$data,builtin:train-text]" --set "data.limit=[null,1500]" --set train.max_steps=200
           --set data.hidden_states=hybrid --set "data.hidden_cache=$OUT/data/eagle3-cache")
-    limit=1275 ;;
+    # builtin:train holds 1,275 prompts: the last 64 are the held-out ones
+    limit=1211 ;;
   *) echo "error: trainer must be distill or eagle3, got $TRAINER; pass one of them second" >&2; exit 2 ;;
 esac
 # every argument and recipe override is checked (a dry plan, nothing written) before the data is generated;
 # --dry stops there
 for a in "$@"; do [ "$a" = --dry ] && exec "$PY" scripts/loss_ablation.py "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@"; done
 "$PY" scripts/loss_ablation.py "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@" --dry > /dev/null
-"$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit "$limit" \
-  --max-new-tokens 80 --max-prompt-tokens 160 --skip-long --out "$data"
+# the held-out prompts (the 64 after the data's), checked before any compute
 [ -f "$heldout" ] || "$PY" -c "import json, sys
+from pathlib import Path
 from draftsmith.fileio import write_text
 from draftsmith.prompts import load_prompts
 n = int(sys.argv[2])
-write_text(sys.argv[1], ''.join(json.dumps({'messages': p.messages, 'category': p.category}) + '\n'
-                                for p in load_prompts('builtin:train')[n:n + 64]))" "$heldout" "$limit"
+rest = load_prompts('builtin:train')[n:n + 64]
+if len(rest) < 64:
+    print(f'error: builtin:train has {n + len(rest)} prompts, {len(rest)} after the {n} the data uses; '
+          'lower the data limit to hold 64 out', file=sys.stderr)
+    sys.exit(2)
+Path(sys.argv[1]).parent.mkdir(parents=True, exist_ok=True)
+write_text(sys.argv[1], ''.join(json.dumps({'messages': p.messages, 'category': p.category}) + '\n' for p in rest))" "$heldout" "$limit"
+"$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit "$limit" \
+  --max-new-tokens 80 --max-prompt-tokens 160 --skip-long --out "$data"
 sets+=(--prompts "builtin:dev-eval,$heldout")
 exec "$PY" scripts/loss_ablation.py "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@"

@@ -120,6 +120,14 @@ DRAFT = DrafterKind(
             min=32,
             max=256,
         ),
+        Option(
+            "siblings",
+            int,
+            "beside the chain's token at every depth, verify this many more of the draft's candidates (its next "
+            "best greedy, more draws when sampling): a tree from the same draft forwards, for a wider verify",
+            min=0,
+            max=8,
+        ),
     ),  # fmt: skip
     check_options=_check_draft,
     path_is_folder=False,
