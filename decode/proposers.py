@@ -278,20 +278,15 @@ class DraftModelProposer:
         self, toks: torch.Tensor, q: torch.Tensor | None, alts: torch.Tensor, sizes: list[int]
     ) -> Proposal:
         """The chain toks [B, w] (row b: its first sizes[b]) with alts [B, w, S] beside it: row b's nodes are its
-        chain, then depth 1's siblings, depth 2's, ... (each a child of the chain node before its depth)."""
+        chain, then depth 1's siblings, depth 2's, ... (each a child of the chain node before its depth); rows with
+        the same tree share one parents list (Proposal.stack)."""
         S = self.siblings
-
-        def parents(n: int) -> list[int]:
-            return list(range(-1, n - 1)) + [d - 1 for d in range(n) for _ in range(S)]
-
-        if len(set(sizes)) == 1:  # every row the same tree: one parents list
-            probs = None if q is None else torch.cat([q, q.repeat_interleave(S, 1)], 1)
-            return Proposal(torch.cat([toks, alts.flatten(1)], 1), parents(sizes[0]), probs)
 
         def one(b: int, n: int) -> Proposal:
             tokens = torch.cat([toks[b, :n], alts[b, :n].flatten()])[None]
             probs = None if q is None else torch.cat([q[b, :n], q[b, :n].repeat_interleave(S, 0)])[None]
-            return Proposal(tokens, parents(n), probs)
+            parents = list(range(-1, n - 1)) + [d - 1 for d in range(n) for _ in range(S)]
+            return Proposal(tokens, parents, probs)
 
         return Proposal.stack([one(b, n) for b, n in enumerate(sizes)])
 
