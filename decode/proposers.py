@@ -53,6 +53,7 @@ class DraftModelProposer:
         bits: int = 0,
         group: int = GROUP,
         siblings: int = 0,
+        nodes: int = 0,
     ):
         """stop_below: stop drafting (this step) at the first token whose draft probability (softmax at
         temperature 1 over the draft's outputs) is below it — a dynamic draft length in the spirit of EAGLE-2's
@@ -69,14 +70,26 @@ class DraftModelProposer:
         Greedy: the next S tokens by draft logit (when the target rejects the draft's first choice, its second is
         often the target's); sampling: S more independent draws from q (SpecInfer's multi-candidate rule keeps
         that lossless). A sibling the target accepts ends the round there, so the draft never drafts after it; the
-        verify grows to 1 + k (1 + S) tokens, about free while the target's step is bound by its weight reads."""
+        verify grows to 1 + k (1 + S) tokens, about free while the target's step is bound by its weight reads.
+        nodes: N > 0 spends a budget of N drafted nodes instead (the verify block: 1 + N, at least the chain's): the
+        chain, then the siblings worth most until the tree holds N, at most S per depth (siblings=S; 3 if not
+        given). A sibling's worth is the draft's estimate that the target takes it: the draft probability of the
+        chain up to its depth times its own (greedy: its probability under the draft's softmax; sampling: the
+        draft's r-th largest probability there, the draws themselves unseen), so the siblings go where the chain
+        is unsure and not past a depth the chain is unlikely to reach (EAGLE-2's dynamic tree on a draft LM's
+        chain). The counts depend on the draft's distributions and the chain only, never on a sibling's draw, so
+        sampling stays lossless (the recursive rule's stopping point may depend on the candidates it rejected)."""
         self.model = model
         use_packed_gqa(model)  # a few columns over the cache without repeating its key/value heads
         self.stop_below = float(stop_below)
-        self.siblings = int(siblings)
-        if self.siblings:
+        self.nodes = int(nodes)
+        self.siblings = int(siblings) or (SIBLINGS_PER_DEPTH if self.nodes else 0)
+        if self.nodes:
+            self.tree = f"chain + siblings by draft confidence to {self.nodes} nodes, {self.siblings} per depth at most"
+            self.max_nodes = lambda k: max(k, self.nodes)  # the decoder sizes static caches from it
+        elif self.siblings:
             self.tree = f"chain + {self.siblings} sibling(s) per depth"
-            self.max_nodes = lambda k: k * (1 + self.siblings)  # the decoder sizes static caches from it
+            self.max_nodes = lambda k: k * (1 + self.siblings)
         self.target_vocab_size = int(target_vocab_size)
         self.device = next(model.parameters()).device
         self.decoder = model.get_decoder()
@@ -233,7 +246,9 @@ class DraftModelProposer:
         logits = self._feed_committed()
         self.base = list(self.cache.lengths)
         sizes = [k] * B  # drafted tokens per row (a confidence stop shortens a row)
-        tokens, probs, alts = [], [], []  # per depth: [B] chain tokens, [B, V] q, [B, S] siblings
+        # per depth: [B] chain tokens, [B, V] q (sampling), [B, S] sibling candidates (greedy: target ids) with
+        # their draft probabilities [B, S], [B] the chain token's draft probability
+        tokens, probs, alts, alt_p, conf = [], [], [], [], []
         for i in range(k):
             if i > 0:  # the previous token goes into the cache; its logits give this one
                 rc = self.cache
@@ -249,14 +264,20 @@ class DraftModelProposer:
             if params.greedy:
                 idx = logits.argmax(-1)  # [B]
                 if self.siblings:  # the next best tokens after the chain's own
-                    alt = logits.scatter(-1, idx[:, None], float("-inf")).topk(self.siblings, -1).indices
-                    alts.append(self._to_target(alt))
+                    alt = logits.scatter(-1, idx[:, None], float("-inf")).topk(self.siblings, -1)
+                    alts.append(self._to_target(alt.indices))
+                    if self.nodes:
+                        lse = logits.float().logsumexp(-1, keepdim=True)
+                        alt_p.append((alt.values.float() - lse).exp())
+                        conf.append((logits.float().gather(1, idx[:, None]) - lse).exp()[:, 0])
             else:
                 q = warp_probs(logits, params)  # [B, out_size]: the distribution the token is drawn from
                 idx = sample(q, generator)
-                if self.siblings:  # independent draws from the same q
-                    alt = torch.stack([sample(q, generator) for _ in range(self.siblings)], 1)
-                    alts.append(self._to_target(alt))
+                if self.siblings:  # the draws come once their number is known (_with_siblings)
+                    alts.append(q)
+                    if self.nodes:
+                        alt_p.append(q.topk(self.siblings + 1, -1).values[:, 1:].float())
+                        conf.append(q.gather(1, idx[:, None])[:, 0].float())
                 full = q.new_zeros(q.shape[0], self.target_vocab_size)
                 if self.vocab_ids is not None:
                     full.index_copy_(1, self.vocab_ids, q)
@@ -272,23 +293,45 @@ class DraftModelProposer:
         q = torch.stack(probs[:width], 1) if probs else None
         if not self.siblings:
             return Proposal.chain(toks, q, None if min(sizes) == width else sizes)
-        return self._with_siblings(toks, q, torch.stack(alts[:width], 1), sizes)
+        if self.nodes:
+            counts = sibling_counts(
+                torch.stack(conf[:width], 1), torch.stack(alt_p[:width], 1), sizes, self.nodes
+            )
+        else:
+            counts = [[self.siblings] * n for n in sizes]
+        return self._with_siblings(toks, q, torch.stack(alts[:width], 1), counts, generator)
 
     def _with_siblings(
-        self, toks: torch.Tensor, q: torch.Tensor | None, alts: torch.Tensor, sizes: list[int]
+        self,
+        toks: torch.Tensor,
+        q: torch.Tensor | None,
+        alts: torch.Tensor,
+        counts: list[list[int]],
+        generator: torch.Generator | None,
     ) -> Proposal:
-        """The chain toks [B, w] (row b: its first sizes[b]) with alts [B, w, S] beside it: row b's nodes are its
-        chain, then depth 1's siblings, depth 2's, ... (each a child of the chain node before its depth); rows with
-        the same tree share one parents list (Proposal.stack)."""
-        S = self.siblings
+        """The chain toks [B, w] (row b: its first len(counts[b])) with counts[b][d] siblings beside its depth d:
+        row b's nodes are its chain, then depth 1's siblings, depth 2's, ... (each a child of the chain node before
+        its depth); rows with the same tree share one parents list (Proposal.stack). alts: greedy, the candidates
+        [B, w, S] by rank; sampling (q given), the draft-vocabulary q [B, w, V_d] each depth's siblings are drawn
+        from, independently."""
 
-        def one(b: int, n: int) -> Proposal:
-            tokens = torch.cat([toks[b, :n], alts[b, :n].flatten()])[None]
-            probs = None if q is None else torch.cat([q[b, :n], q[b, :n].repeat_interleave(S, 0)])[None]
-            parents = list(range(-1, n - 1)) + [d - 1 for d in range(n) for _ in range(S)]
+        def one(b: int, per_depth: list[int]) -> Proposal:
+            n = len(per_depth)
+            if q is None:
+                sib = [alts[b, d, :c] for d, c in enumerate(per_depth)]
+            else:
+                sib = [
+                    self._to_target(sample(alts[b, d].expand(c, -1), generator))
+                    for d, c in enumerate(per_depth)
+                    if c
+                ]
+            tokens = torch.cat([toks[b, :n], *sib])[None]
+            depth = torch.tensor(per_depth, device=toks.device)
+            probs = None if q is None else torch.cat([q[b, :n], q[b, :n].repeat_interleave(depth, 0)])[None]
+            parents = list(range(-1, n - 1)) + [d - 1 for d, c in enumerate(per_depth) for _ in range(c)]
             return Proposal(tokens, parents, probs)
 
-        return Proposal.stack([one(b, n) for b, n in enumerate(sizes)])
+        return Proposal.stack([one(b, c) for b, c in enumerate(counts)])
 
     def advance(self, accepted_nodes: list[list[int]], new_tokens: torch.Tensor, hidden=None) -> None:
         # per row the cache holds the committed tokens + the drafted tokens fed after them (all but the last
@@ -303,6 +346,32 @@ class DraftModelProposer:
         self.seq = [
             torch.cat([s, new[b, : len(acc) + 1]]) for b, (s, acc) in enumerate(zip(self.seq, accepted_nodes))
         ]
+
+
+SIBLINGS_PER_DEPTH = 3
+"""`nodes=` without `siblings=`: the most siblings one depth may get."""
+
+
+def sibling_counts(conf: torch.Tensor, alt_p: torch.Tensor, sizes: list[int], nodes: int) -> list[list[int]]:
+    """How many siblings each depth of each row gets under a budget of `nodes` drafted nodes: the chain's sizes[b]
+    first, then the candidates of highest worth. conf [B, w]: the draft probability of each chain token; alt_p
+    [B, w, S]: each depth's candidates' probabilities, largest first. A candidate at depth d is worth the chain's
+    probability of reaching d (the product of conf before d) times its own; a depth's candidates are taken largest
+    first, so the chosen ones are a prefix of each depth's (ties go to the shallower depth)."""
+    reach = torch.cat([conf.new_ones(conf.shape[0], 1), conf[:, :-1].cumprod(1)], 1)  # [B, w]
+    worth = (reach[:, :, None] * alt_p).detach().cpu()
+    out = []
+    for b, n in enumerate(sizes):
+        room, S = max(0, nodes - n), alt_p.shape[-1]
+        taken = [0] * n
+        if room and n:
+            flat = worth[b, :n].flatten().tolist()
+            # a stable order: equal worth keeps depth order, and within a depth the rank order
+            order = sorted(range(len(flat)), key=lambda i: (-flat[i], i))[:room]
+            for i in order:
+                taken[i // S] += 1
+        out.append(taken)
+    return out
 
 
 RECOMPILE_LIMIT = 64

@@ -1,20 +1,22 @@
 """`draft:...,siblings=S`: a draft LM's chain with S alternatives per depth, verified as a tree in the same target
-forward. Greedy speculative == greedy plain on both tiny architectures, alone and in batches (rows whose drafts
-stop apart included); the sampled law == the target's; the siblings add accepted tokens at no extra draft
-forward; static target caches are sized for the wider block."""
+forward; `nodes=N`: the siblings the draft rates highest, to N nodes. Greedy speculative == greedy plain on both
+tiny architectures, alone and in batches (rows whose drafts stop apart included); the sampled law == the target's;
+the siblings add accepted tokens at no extra draft forward; static target caches are sized for the wider block."""
 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
 
+from draftsmith.app.cli import main
 from draftsmith.app.drafters import build_proposer
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
 from draftsmith.decode.proposer import proposal_nodes
-from draftsmith.decode.proposers import DraftModelProposer
+from draftsmith.decode.proposers import DraftModelProposer, sibling_counts
 from draftsmith.sampling import SamplingParams
 from draftsmith.testing import (
     ARCHS,
@@ -171,3 +173,124 @@ def test_sampled_decoding_with_siblings_matches_target_distribution(arch):
     other = (torch.tensor([[2, 0, 1, 3, 3, 1, 0]]),)
     tvd = sampled_joint_tvd(dec, DraftModelProposer(draft, 4, siblings=2), prompt, batch_with=other)
     assert tvd < 0.06, ("B=2", tvd)
+
+
+# ---- nodes=N: the siblings the draft rates highest, to a budget of N nodes
+
+
+def test_sibling_counts_spend_the_budget_where_the_chain_is_unsure():
+    conf = torch.tensor([[0.9, 0.5, 0.2, 0.9], [0.4, 0.9, 0.9, 0.9]])
+    alt_p = torch.tensor([
+        [[0.05, 0.02], [0.30, 0.10], [0.40, 0.30], [0.05, 0.01]],
+        [[0.30, 0.20], [0.05, 0.04], [0.05, 0.04], [0.05, 0.04]],
+    ])  # fmt: skip
+    # row 0 worth: depth 0: .05 .02; depth 1 (reach .9): .27 .09; depth 2 (.45): .18 .135; depth 3 (.09): .0045 ..
+    # row 1 worth: depth 0: .30 .20; depth 1 (.4): .02 .016; depth 2 (.36): .018 .0144; depth 3 (.324): .0162 ..
+    assert sibling_counts(conf, alt_p, [4, 4], nodes=8) == [[0, 2, 2, 0], [2, 1, 1, 0]]
+    assert sibling_counts(conf, alt_p, [4, 4], nodes=4) == [[0, 0, 0, 0], [0, 0, 0, 0]]  # the chain fills it
+    assert sibling_counts(conf, alt_p, [4, 4], nodes=64) == [[2] * 4, [2] * 4]  # at most S per depth
+    # a row whose draft stopped early spends its own budget over its own depths; an empty row gets nothing
+    assert sibling_counts(conf, alt_p, [2, 0], nodes=5) == [[1, 2], []]
+    # ties go to the shallower depth, and within a depth to the better rank
+    flat = sibling_counts(torch.ones(1, 3), torch.full((1, 3, 2), 0.1), [3], nodes=6)
+    assert flat == [[2, 1, 0]]
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_nodes_budget_tree_is_the_chain_with_the_siblings_its_draft_rates_highest(pair, greedy):
+    """Checked against the draft's own probabilities from a separate full forward over prompt + chain."""
+    arch, target, _ = pair
+    near = near_copy(target)
+    params = SamplingParams(temperature=0.0 if greedy else 1.0)
+    for prompt in oracle_prompts(384, 3, seed=2):
+        prop = DraftModelProposer(near, 384, nodes=9, siblings=2)
+        prop.begin(prompt, None)
+        out = prop.propose(4, params, torch.Generator().manual_seed(0))
+        assert proposal_nodes(prop, 4) == 9 and out.num_nodes == 9  # 4 + 5 of the 8 candidates
+        chain = out.tokens[0, :4]
+        with torch.no_grad():
+            logits = near(torch.cat([prompt[0], chain])[None]).logits[0, -5:-1, :384]
+        probs = torch.softmax(logits.float(), -1)
+        conf = probs.gather(1, chain[:, None])[:, 0]
+        others = (
+            probs.scatter(1, chain[:, None], -1.0).topk(2).values if greedy else probs.topk(3).values[:, 1:]
+        )
+        reach = [math.prod(conf[:d].tolist()) for d in range(4)]
+        worth = sorted(
+            ((reach[d] * float(others[d, r]), d) for d in range(4) for r in range(2)), reverse=True
+        )
+        want = [sum(d == dd for _, dd in worth[:5]) for d in range(4)]
+        parents = out.parents if not out.per_row else out.parents[0]
+        assert parents == [-1, 0, 1, 2] + [d - 1 for d in range(4) for _ in range(want[d])]
+        if greedy:  # each depth's siblings: the draft's next best after its chain token, in order
+            at = 4
+            for d in range(4):
+                best = probs[d].scatter(0, chain[d : d + 1], -1.0).topk(want[d]).indices.tolist()
+                assert out.tokens[0, at : at + want[d]].tolist() == best
+                at += want[d]
+        else:  # every sibling carries its depth's q
+            q = out.draft_probs[0]
+            assert all(torch.equal(q[4 + i], q[p + 1]) for i, p in enumerate(parents[4:]))
+
+
+def test_nodes_greedy_lossless_alone_and_in_batches_on_both_architectures(pair):
+    arch, target, _ = pair
+    near = near_copy(target)
+    dec = SpeculativeDecoder(target, eos_ids=set())
+    prop = DraftModelProposer(near, 384, nodes=7)
+    alone = assert_greedy_lossless(dec, prop, oracle_prompts(384), k=4)
+    chain = assert_greedy_lossless(dec, DraftModelProposer(near, 384), oracle_prompts(384), k=4)
+    # the siblings were taken
+    assert sum(sum(r.accepted) for r in alone) > sum(sum(r.accepted) for r in chain)
+    for rows in (2, 3):
+        assert_batch_greedy_lossless(dec, prop, oracle_prompts(384, rows), k=4)
+    stop = DraftModelProposer(near, 384, stop_below=STOP, nodes=7, siblings=2)
+    out = assert_greedy_lossless(dec, stop, oracle_prompts(384), k=4)
+    assert {p for r in out for p in r.proposed} > {0, 4}, "no confidence stop inside the draft"
+    for rows in (2, 3):
+        assert_batch_greedy_lossless(dec, stop, oracle_prompts(384, rows), k=4)
+    # a static target cache sized for the budget (more than k nodes) decodes to its last row
+    static = SpeculativeDecoder(target, eos_ids=set(), static_cache=True)
+    prompt = oracle_prompts(384)[1]
+    new = 256 - prompt.shape[1] - 1 - 4
+    ref = static.generate(prompt, None, max_new_tokens=new).tokens
+    assert (
+        static.generate(prompt, DraftModelProposer(near, 384, nodes=12), k=4, max_new_tokens=new).tokens
+        == ref
+    )
+
+
+def test_the_nodes_option_builds_a_budgeted_tree_drafter(pair, tmp_path):
+    arch, target, _ = pair
+    path = save_tiny_like(tmp_path / "draft", target, seed=1, num_hidden_layers=1)
+    ctx = DrafterContext(target, tiny_tokenizer(arch), torch.device("cpu"))
+    prop = build_proposer(f"draft:{path},nodes=6", ctx, k=4)
+    assert (prop.nodes, prop.siblings, proposal_nodes(prop, 4), proposal_nodes(prop, 8)) == (6, 3, 6, 8)
+    assert_greedy_lossless(SpeculativeDecoder(target, eos_ids=set()), prop, oracle_prompts(384), k=4)
+
+
+@pytest.mark.parametrize(
+    "opts, named",
+    [("nodes=6,siblings=0", "siblings=0 allows none"), ("nodes=0", "nodes"), ("nodes=65", "nodes")],
+)
+def test_eval_refuses_a_nodes_budget_it_cannot_fill(tiny_dirs, tmp_path, capsys, opts, named):
+    out = tmp_path / "ev"
+    rc = main(["eval", "--target", tiny_dirs["target"], "--drafter", f"draft:{tiny_dirs['draft']},{opts}",
+               "--prompts", "builtin:vicuna", "--limit", "1", "--max-new-tokens", "4", "--device", "cpu",
+               "--no-progress", "--out", str(out)])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and named in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sampled_decoding_with_a_nodes_budget_matches_target_distribution(arch):
+    """k 3 with a budget of 5 nodes on a 4-token vocabulary: which depths get the two siblings depends on the
+    chain's draws; the joint law of tokens 1-3 still equals the target's."""
+    target = tiny_model(arch, 0, vocab_size=4)
+    draft = tiny_model(arch, 3, vocab_size=4, num_hidden_layers=1)
+    dec = SpeculativeDecoder(target, eos_ids=set())
+    prompt = torch.tensor([[1, 3, 0, 2]])
+    tvd = sampled_joint_tvd(dec, DraftModelProposer(draft, 4, nodes=5, siblings=2), prompt, n=3000)
+    assert tvd < 0.06, tvd

@@ -64,6 +64,10 @@ def _check_draft(opts: dict) -> None:
         vocab_file(opts["vocab"])
     if "bits" in opts:
         check_quantizable(opts["bits"], opts.get("group", GROUP))
+    if "nodes" in opts and opts.get("siblings", 1) == 0:
+        raise DraftsmithError(
+            f"nodes={opts['nodes']} fills the tree with siblings, and siblings=0 allows none; drop one of them"
+        )
     if "group" in opts and opts.get("bits") != 4:
         raise DraftsmithError(f"group={opts['group']} sets int4's group size; add bits=4 or drop group=")
 
@@ -127,6 +131,14 @@ DRAFT = DrafterKind(
             "best greedy, more draws when sampling): a tree from the same draft forwards, for a wider verify",
             min=0,
             max=8,
+        ),
+        Option(
+            "nodes",
+            int,
+            "a budget of drafted nodes a step (the verify block is 1 + N): the chain, then the siblings the draft "
+            "rates most likely to be taken, where its chain is unsure (at most siblings=S per depth, default 3)",
+            min=1,
+            max=64,
         ),
     ),  # fmt: skip
     check_options=_check_draft,
