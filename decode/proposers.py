@@ -77,8 +77,10 @@ class DraftModelProposer:
         chain up to its depth times its own (greedy: its probability under the draft's softmax; sampling: the
         draft's r-th largest probability there, the draws themselves unseen), so the siblings go where the chain
         is unsure and not past a depth the chain is unlikely to reach (EAGLE-2's dynamic tree on a draft LM's
-        chain). The counts depend on the draft's distributions and the chain only, never on a sibling's draw, so
-        sampling stays lossless (the recursive rule's stopping point may depend on the candidates it rejected)."""
+        chain). With stop_below, a row that stops at depth n keeps that depth's candidates (its own drafted token
+        first, rated by the draft's largest probabilities there) as leaves that compete for the budget. The counts
+        depend on the draft's distributions and the chain only, never on a sibling's draw, so sampling stays
+        lossless (the recursive rule's stopping point may depend on the candidates it rejected)."""
         self.model = model
         use_packed_gqa(model)  # a few columns over the cache without repeating its key/value heads
         self.stop_below = float(stop_below)
@@ -246,8 +248,8 @@ class DraftModelProposer:
         logits = self._feed_committed()
         self.base = list(self.cache.lengths)
         sizes = [k] * B  # drafted tokens per row (a confidence stop shortens a row)
-        # per depth: [B] chain tokens, [B, V] q (sampling), [B, S] sibling candidates (greedy: target ids) with
-        # their draft probabilities [B, S], [B] the chain token's draft probability
+        # per depth: [B] chain tokens, [B, V] q (sampling), [B, S] sibling candidates (greedy: target ids; sampling:
+        # the q they are drawn from), the draft's largest S + 1 probabilities [B, S + 1] and the chain token's [B]
         tokens, probs, alts, alt_p, conf = [], [], [], [], []
         for i in range(k):
             if i > 0:  # the previous token goes into the cache; its logits give this one
@@ -256,27 +258,28 @@ class DraftModelProposer:
                     tokens[-1][:, None], rc.block_inputs(1, self.model.dtype, self.device), None
                 )
                 rc.commit([[0]] * B, 1)
+            unsure = None
             if self.stop_below > 0.0:
                 unsure = (torch.softmax(logits.float(), -1).amax(-1) < self.stop_below).tolist()
                 sizes = [i if u and s == k else s for u, s in zip(unsure, sizes)]
-                if all(s < k for s in sizes):
+                if all(s < k for s in sizes) and not self.nodes:
                     break  # every row stopped: the cache holds the last drafted token, advance() crops it
             if params.greedy:
                 idx = logits.argmax(-1)  # [B]
                 if self.siblings:  # the next best tokens after the chain's own
                     alt = logits.scatter(-1, idx[:, None], float("-inf")).topk(self.siblings, -1)
                     alts.append(self._to_target(alt.indices))
-                    if self.nodes:
-                        lse = logits.float().logsumexp(-1, keepdim=True)
-                        alt_p.append((alt.values.float() - lse).exp())
-                        conf.append((logits.float().gather(1, idx[:, None]) - lse).exp()[:, 0])
+                    if self.nodes:  # the draft's softmax: its largest S + 1 probabilities, the chain token's
+                        p = torch.softmax(logits.float(), -1)
+                        alt_p.append(p.topk(self.siblings + 1, -1).values)
+                        conf.append(p.gather(1, idx[:, None])[:, 0])
             else:
                 q = warp_probs(logits, params)  # [B, out_size]: the distribution the token is drawn from
                 idx = sample(q, generator)
                 if self.siblings:  # the draws come once their number is known (_with_siblings)
                     alts.append(q)
                     if self.nodes:
-                        alt_p.append(q.topk(self.siblings + 1, -1).values[:, 1:].float())
+                        alt_p.append(q.topk(self.siblings + 1, -1).values.float())
                         conf.append(q.gather(1, idx[:, None])[:, 0].float())
                 full = q.new_zeros(q.shape[0], self.target_vocab_size)
                 if self.vocab_ids is not None:
@@ -285,7 +288,23 @@ class DraftModelProposer:
                     full[:, : self.out_size] = q
                 probs.append(full)
             tokens.append(self._to_target(idx))
+            if unsure is not None and all(s < k for s in sizes):
+                break  # (nodes=) every row stopped, with its unsure depth's candidates at hand
         self.proposed = sizes
+        if self.nodes:  # the chain, and leaves where the budget puts them (a stopped row's unsure depth too)
+            top = torch.stack(alt_p, 1)  # [B, w, S + 1]
+            cand = top[:, :, 1:].clone()  # beside a chain token: the next S probabilities
+            opened = [n < k for n in sizes]
+            # where a row stopped, its own drafted token comes first: the S largest probabilities there (the
+            # draw's own probability would make its inclusion depend on the draw)
+            for b, n in enumerate(sizes):
+                if opened[b]:
+                    cand[b, n] = top[b, n, :-1]
+            counts = sibling_counts(torch.stack(conf, 1), cand, sizes, self.nodes, opened)
+            q = torch.stack(probs, 1) if probs else None
+            return self._with_siblings(
+                torch.stack(tokens, 1), q, torch.stack(alts, 1), counts, sizes, generator
+            )
         width = max(sizes)
         if width == 0:
             return Proposal.empty(B, self.device)
@@ -293,13 +312,8 @@ class DraftModelProposer:
         q = torch.stack(probs[:width], 1) if probs else None
         if not self.siblings:
             return Proposal.chain(toks, q, None if min(sizes) == width else sizes)
-        if self.nodes:
-            counts = sibling_counts(
-                torch.stack(conf[:width], 1), torch.stack(alt_p[:width], 1), sizes, self.nodes
-            )
-        else:
-            counts = [[self.siblings] * n for n in sizes]
-        return self._with_siblings(toks, q, torch.stack(alts[:width], 1), counts, generator)
+        counts = [[self.siblings] * n for n in sizes]
+        return self._with_siblings(toks, q, torch.stack(alts[:width], 1), counts, sizes, generator)
 
     def _with_siblings(
         self,
@@ -307,30 +321,39 @@ class DraftModelProposer:
         q: torch.Tensor | None,
         alts: torch.Tensor,
         counts: list[list[int]],
+        sizes: list[int],
         generator: torch.Generator | None,
     ) -> Proposal:
-        """The chain toks [B, w] (row b: its first len(counts[b])) with counts[b][d] siblings beside its depth d:
-        row b's nodes are its chain, then depth 1's siblings, depth 2's, ... (each a child of the chain node before
-        its depth); rows with the same tree share one parents list (Proposal.stack). alts: greedy, the candidates
-        [B, w, S] by rank; sampling (q given), the draft-vocabulary q [B, w, V_d] each depth's siblings are drawn
-        from, independently."""
+        """Row b's chain toks[b, :sizes[b]] with counts[b][d] leaves beside its depth d: its nodes are its chain,
+        then depth 1's leaves, depth 2's, ... (each a child of the chain node before its depth); rows with the same
+        tree share one parents list (Proposal.stack). A row stopped at depth n (stop_below) may have leaves at
+        depth n too (counts[b] one longer than its chain): there the first leaf is its own drafted token toks[b, n],
+        never fed to the draft, and the rest are siblings. alts: greedy, the candidates [B, w, S] by rank;
+        sampling (q given), the draft-vocabulary q [B, w, V_d] each depth's siblings are drawn from,
+        independently (a stopped depth's own token was drawn from it too)."""
 
         def one(b: int, per_depth: list[int]) -> Proposal:
-            n = len(per_depth)
-            if q is None:
-                sib = [alts[b, d, :c] for d, c in enumerate(per_depth)]
-            else:
-                sib = [
-                    self._to_target(sample(alts[b, d].expand(c, -1), generator))
-                    for d, c in enumerate(per_depth)
-                    if c
-                ]
+            n = sizes[b]
+            sib = []
+            for d, c in enumerate(per_depth):
+                own = (
+                    toks[b, d : d + 1] if d == n and c else toks[b, :0]
+                )  # a stopped depth: its own token first
+                c -= own.numel()
+                if q is None:
+                    sib += [own, alts[b, d, :c]]
+                else:
+                    drawn = sample(alts[b, d].expand(c, -1), generator) if c else toks[b, :0]
+                    sib += [own, self._to_target(drawn)]
             tokens = torch.cat([toks[b, :n], *sib])[None]
             depth = torch.tensor(per_depth, device=toks.device)
-            probs = None if q is None else torch.cat([q[b, :n], q[b, :n].repeat_interleave(depth, 0)])[None]
+            m = len(per_depth)
+            probs = None if q is None else torch.cat([q[b, :n], q[b, :m].repeat_interleave(depth, 0)])[None]
             parents = list(range(-1, n - 1)) + [d - 1 for d, c in enumerate(per_depth) for _ in range(c)]
             return Proposal(tokens, parents, probs)
 
+        if not any(map(sum, counts)) and max(sizes) == 0:
+            return Proposal.empty(len(sizes), self.device)
         return Proposal.stack([one(b, c) for b, c in enumerate(counts)])
 
     def advance(self, accepted_nodes: list[list[int]], new_tokens: torch.Tensor, hidden=None) -> None:
@@ -338,7 +361,7 @@ class DraftModelProposer:
         # drafted one); only drafted[:a] stays valid, and at most drafted[:n-1] is known to be there (no recompute)
         # (a sibling, index >= n, is a leaf the draft never fed: it counts as the first token to feed)
         keep = [
-            min(base + min(sum(i < n for i in acc), n - 1), length)
+            min(base + min(sum(i < n for i in acc), max(n - 1, 0)), length)
             for base, acc, n, length in zip(self.base, accepted_nodes, self.proposed, self.cache.lengths)
         ]
         self.cache.set_lengths(keep)
@@ -352,20 +375,24 @@ SIBLINGS_PER_DEPTH = 3
 """`nodes=` without `siblings=`: the most siblings one depth may get."""
 
 
-def sibling_counts(conf: torch.Tensor, alt_p: torch.Tensor, sizes: list[int], nodes: int) -> list[list[int]]:
-    """How many siblings each depth of each row gets under a budget of `nodes` drafted nodes: the chain's sizes[b]
+def sibling_counts(
+    conf: torch.Tensor, alt_p: torch.Tensor, sizes: list[int], nodes: int, opened: list[bool] | None = None
+) -> list[list[int]]:
+    """How many leaves each depth of each row gets under a budget of `nodes` drafted nodes: the chain's sizes[b]
     first, then the candidates of highest worth. conf [B, w]: the draft probability of each chain token; alt_p
     [B, w, S]: each depth's candidates' probabilities, largest first. A candidate at depth d is worth the chain's
     probability of reaching d (the product of conf before d) times its own; a depth's candidates are taken largest
-    first, so the chosen ones are a prefix of each depth's (ties go to the shallower depth)."""
+    first, so the chosen ones are a prefix of each depth's (ties go to the shallower depth). opened[b]: row b's
+    depth sizes[b] (where its draft stopped) has candidates too, and its list of counts is one longer."""
     reach = torch.cat([conf.new_ones(conf.shape[0], 1), conf[:, :-1].cumprod(1)], 1)  # [B, w]
     worth = (reach[:, :, None] * alt_p).detach().cpu()
     out = []
     for b, n in enumerate(sizes):
         room, S = max(0, nodes - n), alt_p.shape[-1]
-        taken = [0] * n
-        if room and n:
-            flat = worth[b, :n].flatten().tolist()
+        depths = n + bool(opened and opened[b])
+        taken = [0] * depths
+        if room and depths:
+            flat = worth[b, :depths].flatten().tolist()
             # a stable order: equal worth keeps depth order, and within a depth the rank order
             order = sorted(range(len(flat)), key=lambda i: (-flat[i], i))[:room]
             for i in order:

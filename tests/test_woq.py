@@ -195,9 +195,11 @@ def test_check_quantizable_names_the_fix():
     "opts, named",
     [("bits=5", "bits"), ("bits=16", "bits"), ("bits=x", "bits"), ("group=64", "add bits=4"),
      ("bits=8,group=64", "add bits=4"), ("bits=4,group=48", "int4 group size"),
-     ("bits=4,group=256", "does not divide the draft's width 64; use group=64")],
+     ("bits=4,group=256", "does not divide the draft's width 64; use group=64"),
+     ("nodes=6,siblings=0", "siblings=0 allows none"), ("nodes=0", "nodes"), ("nodes=65", "nodes")],
 )  # fmt: skip
-def test_eval_refuses_a_width_or_group_it_cannot_read(tiny_dirs, tmp_path, capsys, opts, named):
+def test_eval_refuses_a_draft_option_it_cannot_use(tiny_dirs, tmp_path, capsys, opts, named):
+    """int4/int8 widths and groups (here), and the draft's tree budget (nodes=, test_draft_siblings)."""
     out = tmp_path / "ev"
     rc = main(["eval", "--target", tiny_dirs["target"], "--drafter", f"draft:{tiny_dirs['draft']},{opts}",
                "--prompts", "builtin:vicuna", "--limit", "1", "--max-new-tokens", "4", "--device", "cpu",
