@@ -259,8 +259,14 @@ class DraftModelProposer:
                 )
                 rc.commit([[0]] * B, 1)
             unsure = None
+            # the draft's softmax, once a depth, for the confidence stop and a greedy budget's worths
+            soft = (
+                torch.softmax(logits.float(), -1)
+                if self.stop_below > 0.0 or (self.nodes and params.greedy)
+                else None
+            )
             if self.stop_below > 0.0:
-                unsure = (torch.softmax(logits.float(), -1).amax(-1) < self.stop_below).tolist()
+                unsure = (soft.amax(-1) < self.stop_below).tolist()
                 sizes = [i if u and s == k else s for u, s in zip(unsure, sizes)]
                 if all(s < k for s in sizes) and not self.nodes:
                     break  # every row stopped: the cache holds the last drafted token, advance() crops it
@@ -269,10 +275,9 @@ class DraftModelProposer:
                 if self.siblings:  # the next best tokens after the chain's own
                     alt = logits.scatter(-1, idx[:, None], float("-inf")).topk(self.siblings, -1)
                     alts.append(self._to_target(alt.indices))
-                    if self.nodes:  # the draft's softmax: its largest S + 1 probabilities, the chain token's
-                        p = torch.softmax(logits.float(), -1)
-                        alt_p.append(p.topk(self.siblings + 1, -1).values)
-                        conf.append(p.gather(1, idx[:, None])[:, 0])
+                    if self.nodes:  # the draft's largest S + 1 probabilities, the chain token's
+                        alt_p.append(soft.topk(self.siblings + 1, -1).values)
+                        conf.append(soft.gather(1, idx[:, None])[:, 0])
             else:
                 q = warp_probs(logits, params)  # [B, out_size]: the distribution the token is drawn from
                 idx = sample(q, generator)
@@ -336,9 +341,8 @@ class DraftModelProposer:
             n = sizes[b]
             sib = []
             for d, c in enumerate(per_depth):
-                own = (
-                    toks[b, d : d + 1] if d == n and c else toks[b, :0]
-                )  # a stopped depth: its own token first
+                # a stopped depth (d == n): its own drafted token is the first leaf
+                own = toks[b, d : d + 1] if d == n and c else toks[b, :0]
                 c -= own.numel()
                 if q is None:
                     sib += [own, alts[b, d, :c]]
@@ -346,9 +350,9 @@ class DraftModelProposer:
                     drawn = sample(alts[b, d].expand(c, -1), generator) if c else toks[b, :0]
                     sib += [own, self._to_target(drawn)]
             tokens = torch.cat([toks[b, :n], *sib])[None]
-            depth = torch.tensor(per_depth, device=toks.device)
+            leaves = torch.tensor(per_depth, device=toks.device)
             m = len(per_depth)
-            probs = None if q is None else torch.cat([q[b, :n], q[b, :m].repeat_interleave(depth, 0)])[None]
+            probs = None if q is None else torch.cat([q[b, :n], q[b, :m].repeat_interleave(leaves, 0)])[None]
             parents = list(range(-1, n - 1)) + [d - 1 for d, c in enumerate(per_depth) for _ in range(c)]
             return Proposal(tokens, parents, probs)
 
