@@ -26,6 +26,9 @@ elif [ "$MODE" = "--dry" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3; fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+# the checkout's own draftsmith/ holds only the core package (decode/, heads/, distill/ are mapped in by the
+# install): with the working directory on sys.path it would shadow the installed one, so Python leaves it off
+export PYTHONSAFEPATH=1
 log() { echo "[gpu_check $(date +%H:%M:%S)] $*"; }
 
 # 1. what the machine lacks, from local wheels only (.whl/ wins over the machine's own versions: the CPU suite ran
