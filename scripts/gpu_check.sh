@@ -7,6 +7,7 @@
 #
 # Offline machines: run `bash scripts/gpu_wheels.sh` where pip can reach PyPI, bring .whl/ along; this script
 # installs those wheels and draftsmith itself into a temporary folder with pip --no-index (nothing is fetched).
+# A rerun of what failed: PYTEST_K="medusa" passes -k to pytest (the default runs every gpu-marked test).
 # Time limits (seconds, override by environment): PYTEST_S=200 BENCH_S=250; the benchmarks also stop starting new
 # measurements when their own budget runs out, and the report is rewritten after every phase.
 set -uo pipefail
@@ -55,7 +56,7 @@ TESTS=tests
 log "pytest -m gpu $TESTS"
 # a test module that cannot import here (an optional package the machine lacks) must not stop the gpu set
 timeout "${PYTEST_S:-200}" "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors "$TESTS" \
-  --junitxml "$OUT/pytest-gpu.xml" >"$OUT/pytest-gpu.log" 2>&1
+  ${PYTEST_K:+-k "$PYTEST_K"} --junitxml "$OUT/pytest-gpu.xml" >"$OUT/pytest-gpu.log" 2>&1
 PYTEST_RC=$?
 tail -n 3 "$OUT/pytest-gpu.log"
 

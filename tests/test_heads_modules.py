@@ -150,6 +150,18 @@ def test_eagle3_native_tensor_names(tiny_target):
     assert torch.equal(head.d2t + torch.arange(head.d2t.numel()), head.vocab_ids)
 
 
+def test_draft_vocab_is_set_under_another_default_device(tiny_target):
+    """Cost models build heads inside `with torch.device("cuda")`: the vocabulary maps are index metadata built on
+    the CPU, so a default device set around the call must not put half of that arithmetic elsewhere (the first GPU
+    check failed this way: cuda:0 and cpu). A meta default device reproduces that mix on the CPU."""
+    head = _eagle3(tiny_target)
+    want_d2t, want_t2d = head.d2t.clone(), head.t2d.clone()
+    head.d2t.zero_(), head.t2d.zero_()
+    with torch.device("meta"):
+        head.set_draft_vocab(want_d2t + torch.arange(want_d2t.numel(), device="cpu"))
+    assert torch.equal(head.d2t, want_d2t) and torch.equal(head.t2d, want_t2d)
+
+
 def test_head_refuses_another_target(tiny_target, tmp_path):
     save_head(MedusaHeads.from_target(tiny_target, 2, 1), tmp_path / "h")
     other = tiny_llama(seed=5)  # same shapes, different weights

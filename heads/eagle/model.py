@@ -166,8 +166,9 @@ class EagleHead(nn.Module):
         ids = vocab_ids.to(torch.long).cpu()
         if ids.numel() != self.config.draft_vocab_size or not bool((ids[1:] > ids[:-1]).all()):
             raise DraftsmithError("draft vocab ids must be sorted, unique and draft_vocab_size long")
-        self.d2t.copy_(ids - torch.arange(ids.numel()))
-        t2d = torch.zeros(self.config.vocab_size, dtype=torch.bool)
+        # index metadata stays on the CPU (a cost model builds heads under a `torch.device("cuda")` context)
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device="cpu"))
+        t2d = torch.zeros(self.config.vocab_size, dtype=torch.bool, device="cpu")
         t2d[ids] = True
         self.t2d.copy_(t2d)
 

@@ -178,7 +178,7 @@ def evaluate(trainer, batches: list[dict], hidden, eval_cfg) -> dict:
             # the eval runs outside autocast: fp32 heads read a bf16 target's states in their own dtype
             rows = h[:, :n][valid].to(lmh.weight.dtype)
             top = head.target_ids(lmh(blk(rows)).topk(min(RANKS, lmh.out_features), -1).indices)
-            hits[j, : top.shape[1]] += (top == greedy[:, None]).double().sum(0)
+            hits[j, : top.shape[1]] += (top == greedy[:, None]).double().sum(0).cpu()
             counts[j] += float(valid.sum())
     rank_acc = (hits / counts.clamp(min=1)[:, None]).tolist()
     tree_tokens = getattr(eval_cfg, "tree_tokens", 16)
