@@ -234,7 +234,9 @@ def materialize(ref: ModelRef) -> ModelRef:
         log.info("dequantizing %s once into %s", ref.gguf_file, out)
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        model = AutoModelForCausalLM.from_pretrained(ref.path, gguf_file=ref.gguf_file, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            ref.path, gguf_file=ref.gguf_file, dtype=torch.float32, use_kernels=False
+        )
         tok = AutoTokenizer.from_pretrained(ref.path, gguf_file=ref.gguf_file)
         # The GGUF origin is recorded in a sidecar, not in the model config: a saved copy must load as a
         # plain checkpoint, and transformers would otherwise try to re-read the (absent) GGUF file.
@@ -393,7 +395,13 @@ def load_model(
         ref = materialize(ref)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            ref.path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True
+            # use_kernels=False: transformers >= 5.25 would otherwise swap in layers fetched from the Hub (code not
+            # in this checkout, and on an offline GPU a load that fails when .train()/.eval() kernelizes the model)
+            ref.path,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            use_safetensors=True,
+            use_kernels=False,
         )
     except Exception as e:  # noqa: BLE001
         raise _hub_error(ref, e) from None

@@ -142,6 +142,19 @@ def test_prompts_shapes(tmp_path, tiny_tokenizer):
 
 
 @pytest.mark.slow
+def test_loaded_models_run_no_hub_kernels(tiny_dirs):
+    """transformers >= 5.25 turns Hub kernels on by default when `kernels` is installed: layers replaced by code
+    fetched from the Hub (on CUDA; offline, the first .train()/.eval() then fails, as on the first GPU check).
+    draftsmith loads the code in the checkout only, like trust_remote_code."""
+    from draftsmith import models
+
+    for train in (False, True):
+        m = models.load_model(tiny_dirs["target"], device="cpu", train=train)
+        assert not m.use_kernels
+        m.train(not train)  # a mode switch is where transformers kernelizes
+        assert not m.use_kernels
+
+
 def test_embedded_target_loads_and_saves(tmp_path):
     pytest.importorskip("gguf")
     from draftsmith import models

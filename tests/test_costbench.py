@@ -47,6 +47,7 @@ def tiny_run(tmp_path_factory):
         compile="eager",  # the decoder's compile path traced by dynamo, without code generation
         plain_tokens=4,
         profiles=profiles,
+        profile_steps=1,
     )
     return costbench.run(args, progress=lambda s: None)
 
@@ -69,6 +70,27 @@ def test_costbench_measures_every_part(tiny_run):
     assert res["drafters"]["dflash,top_k=2,total_tokens=6@k=3"]["nodes"] == 6
     assert res["drafters"]["peagle,depth=3@k=3"]["nodes"] == 3
     assert res["skipped"] == []
+    for key, d in res["drafters"].items():  # one profiled step each: the ops a step dispatches, on the host
+        p = d["profile"]
+        assert p["aten_ops"] > 0 and p["host_ms"] > 0 and p["device_ms"] == 0, key
+        assert p["top"] and all(t["host_ms"] >= 0 for t in p["top"]), key
+    assert "Where a drafting step's time goes" in costbench.markdown(res)
+
+
+def test_step_profile_counts_a_known_step():
+    """Oracle: a step of exactly 5 adds and 2 matrix products -> 5 and 2 calls per step, summed over 3 steps."""
+    x = torch.randn(64, 64)
+
+    def step():
+        y = x
+        for _ in range(5):
+            y = torch.add(y, 1)
+        return y @ x @ x
+
+    p = costbench.step_profile(step, 3, torch.device("cpu"))
+    calls = {t["op"]: t["calls"] for t in p["top"]}
+    assert calls["aten::add"] == 5 and calls["aten::matmul"] == 2
+    assert p["steps"] == 3 and p["device_ms"] == 0 and 0 < p["host_ms"] and p["aten_ops"] >= 7
 
 
 def test_costbench_speedup_follows_from_measured_costs(tiny_run):

@@ -16,7 +16,9 @@ One run measures, on one device:
    tau * t_step / (t_draft_step + t_verify(1 + N)) (Leviathan et al. 2023, Thm 3.8 with measured costs,
    decode.speed.StepCosts), where t_step is a plain decoder step and the decoder's host work per step
    (t_step - forward(1)) is added to every verify. The profile's tau was measured on another target: the number
-   says what that acceptance would buy at this target's costs, not what this target would accept.
+   says what that acceptance would buy at this target's costs, not what this target would accept;
+5. with --profile-steps N, N more drafting steps per drafter under torch.profiler (step_profile): wall, host and
+   device ms per step and the costliest ops, which say whether a step waits on Python and launches or on the model.
 Random weights time like trained ones (dense layers do not depend on the values); acceptance does not, which is
 why it comes from profiles.
 """
@@ -73,6 +75,9 @@ class BenchArgs:
     budget_s: float = 0.0
     """Stop starting new measurements after this many seconds (0 = no limit); skipped items are listed."""
     profiles: list[str] = field(default_factory=list)
+    profile_steps: int = 0
+    """After a drafter's timing, this many more steps under torch.profiler: where a step's time goes (host vs
+    device, the costliest ops). 0 = none."""
 
 
 class Budget:
@@ -116,10 +121,18 @@ def _sync(device: torch.device) -> None:
 
 @torch.inference_mode()
 def time_proposer(
-    proposer: Proposer, target, context: int, k: int, steps: int, accept: int = ACCEPT, batch: int = 1
-) -> dict[str, float]:
+    proposer: Proposer,
+    target,
+    context: int,
+    k: int,
+    steps: int,
+    accept: int = ACCEPT,
+    batch: int = 1,
+    profile_steps: int = 0,
+) -> dict:
     """Seconds per drafting step (propose(k) + advance with `accept` nodes of each row's deepest path) for `batch`
-    rows after a `context`-token prompt each, median of `steps` after two warm-ups; and the mean nodes per row."""
+    rows after a `context`-token prompt each, median of `steps` after two warm-ups; and the mean nodes per row.
+    profile_steps > 0: that many more steps under torch.profiler, summarised as "profile" (step_profile)."""
     dev = next(target.parameters()).device
     cfg = target.config
     gen = torch.Generator().manual_seed(0)
@@ -137,9 +150,8 @@ def time_proposer(
     proposer.begin(tokens, hid(context))
     params, draft_gen = SamplingParams(), torch.Generator(device=dev).manual_seed(1)
     times, nodes, committed = [], [], [context + 1] * batch
-    for s in range(steps + 2):
-        _sync(dev)
-        t0 = time.perf_counter()
+
+    def step():
         prop = proposer.propose(k, params, draft_gen)
         paths = [_deepest_path(prop.row_parents(b))[:accept] for b in range(batch)]
         new = torch.empty(batch, 1 + max(len(p) for p in paths), dtype=torch.long)
@@ -148,11 +160,50 @@ def time_proposer(
             new[b] = pattern[(committed[b] - 1) % 64]  # the bonus keeps n-gram lookups on the pattern
             new[b, : len(path)] = prop.tokens[b, path].cpu()
         proposer.advance(paths, new.to(dev), hid(new.shape[1]))
+        return prop
+
+    for s in range(steps + 2):
+        _sync(dev)
+        t0 = time.perf_counter()
+        prop = step()
         _sync(dev)
         if s >= 2:
             times.append(time.perf_counter() - t0)
             nodes.append(statistics.mean(prop.row_size(b) for b in range(batch)))
-    return {"step_s": statistics.median(times), "nodes": statistics.mean(nodes)}
+    res = {"step_s": statistics.median(times), "nodes": statistics.mean(nodes)}
+    if profile_steps > 0:
+        res["profile"] = step_profile(step, profile_steps, dev)
+    return res
+
+
+def step_profile(step: Callable[[], object], steps: int, dev: torch.device, top: int = 8) -> dict:
+    """Run step() `steps` times under torch.profiler -> per step: wall ms (profiler overhead included), the torch
+    ops' own host ms and device ms, ops dispatched, and the `top` ops by host + device time (self times, per step).
+    Host ms near wall with device ms far below says the step waits on Python and launches, not on the model."""
+    act = torch.profiler.ProfilerActivity
+    acts = [act.CPU] + ([act.CUDA] if dev.type == "cuda" else [])
+    _sync(dev)
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        _sync(dev)
+    wall = (time.perf_counter() - t0) / steps
+    rows = []
+    for e in prof.key_averages():
+        dev_us = getattr(e, "self_device_time_total", None)
+        dev_us = getattr(e, "self_cuda_time_total", 0.0) if dev_us is None else dev_us
+        rows.append((e.key, e.self_cpu_time_total / 1e3 / steps, dev_us / 1e3 / steps, e.count / steps))
+    ops = [r for r in rows if r[0].startswith("aten::")]
+    rows.sort(key=lambda r: r[1] + r[2], reverse=True)
+    return {
+        "steps": steps,
+        "wall_ms": wall * 1e3,
+        "host_ms": sum(r[1] for r in rows),
+        "device_ms": sum(r[2] for r in rows),
+        "aten_ops": sum(r[3] for r in ops),
+        "top": [{"op": name, "host_ms": h, "device_ms": d, "calls": c} for name, h, d, c in rows[:top]],
+    }
 
 
 def _deepest_path(parents: Sequence[int]) -> list[int]:
@@ -312,7 +363,9 @@ def run(
             continue
         if (kind, opts) not in built:
             built[(kind, opts)] = tune_proposer(_build(kind, target, a, dict(opts)))
-        res = time_proposer(built[(kind, opts)], target, a.context, k, steps=a.reps)
+        res = time_proposer(
+            built[(kind, opts)], target, a.context, k, steps=a.reps, profile_steps=a.profile_steps
+        )
         out["drafters"][key] = res
         progress(f"drafter {key}: {res['step_s'] * 1e3:.2f} ms/step, {res['nodes']:.1f} nodes")
         update(_with_predictions(out, profiles, budget, t0))
@@ -362,6 +415,21 @@ def markdown(res: dict) -> str:
     lines += [f"| {m} | {1 / s:.1f} |" for m, s in res["plain_step_s"].items()]
     lines += ["", "| drafter (sized for this target) | ms per step | nodes per step |", "|---|---|---|"]
     lines += [f"| {k} | {v['step_s'] * ms:.2f} | {v['nodes']:.1f} |" for k, v in res["drafters"].items()]
+    profiled = {k: v["profile"] for k, v in res["drafters"].items() if "profile" in v}
+    if profiled:
+        lines += [
+            "",
+            "Where a drafting step's time goes (torch.profiler, per step; host = the torch ops' own CPU time):",
+            "",
+            "| drafter | wall ms | host ms | device ms | aten ops | costliest ops (host / device ms) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for k, p in profiled.items():
+            top = ", ".join(f"{t['op']} {t['host_ms']:.2f}/{t['device_ms']:.2f}" for t in p["top"][:4])
+            lines.append(
+                f"| {k} | {p['wall_ms']:.2f} | {p['host_ms']:.2f} | {p['device_ms']:.2f} | {p['aten_ops']:.0f} "
+                f"| {top} |"
+            )
     if res["profiles"]:
         lines += [
             "",
@@ -412,6 +480,8 @@ def checked_cli(args: argparse.Namespace) -> tuple[Path, str, str]:
     check_output_dir(out.parent)  # its folder can be written: checked before the benchmark runs
     if args.context < 1 or args.reps < 1 or args.k < 1:
         raise DraftsmithError("--context, --reps and --k must be >= 1")
+    if getattr(args, "profile_steps", 0) < 0:
+        raise DraftsmithError("--profile-steps must be >= 0 (0: no profile)")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return out, device, args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
 
@@ -420,6 +490,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = cli("python -m draftsmith.app.costbench", __doc__, BenchArgs)
     ap.add_argument("--compile", default=BenchArgs.compile, help="inductor | eager | aot_eager | none")
     ap.add_argument("--eagle-draft-vocab", type=int, default=BenchArgs.eagle_draft_vocab)
+    ap.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="drafting steps per drafter under torch.profiler (0: none)",
+    )
     args = ap.parse_args(argv)
     try:
         out, device, dtype = checked_cli(args)
@@ -435,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
                 eagle_draft_vocab=args.eagle_draft_vocab,
                 budget_s=args.budget_s,
                 profiles=list(args.profiles),
+                profile_steps=args.profile_steps,
             )
         )
     except DraftsmithError as e:

@@ -194,7 +194,9 @@ def _bench_args(dry: bool, profiles: list[str]) -> tuple:
     on the CPU in dry mode."""
     if not dry:
         batch_args = costbatch.CurveArgs(profiles=profiles)
-        return costbench.BenchArgs(profiles=profiles), batch_args, trainbench.TrainBenchArgs()
+        # 3 profiled steps per drafter: the first check's eager head steps (44-268 ms) were unexplained
+        cost_args = costbench.BenchArgs(profiles=profiles, profile_steps=3)
+        return cost_args, batch_args, trainbench.TrainBenchArgs()
     batch_args = costbatch.CurveArgs(
         shape="tiny-target",
         device="cpu",
@@ -214,6 +216,7 @@ def _bench_args(dry: bool, profiles: list[str]) -> tuple:
         compile="eager",  # dynamo traces the compiled path; no code generation
         plain_tokens=8,
         profiles=profiles,
+        profile_steps=1,
     )
     train_args = trainbench.TrainBenchArgs(
         shape="tiny-target",

@@ -42,7 +42,9 @@ def export_hf(ckpt: Checkpoint, out: Path) -> dict:
         )
     vocab_ids = load_draft_vocab(ckpt.path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype="auto", use_safetensors=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            ckpt.path, dtype="auto", use_safetensors=True, use_kernels=False
+        )
         tok = AutoTokenizer.from_pretrained(ckpt.path)
     except (OSError, ValueError) as e:
         raise DraftsmithError(
