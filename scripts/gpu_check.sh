@@ -60,10 +60,15 @@ timeout "${PYTEST_S:-200}" "$PY" -m pytest -m gpu -q -p no:cacheprovider --conti
 PYTEST_RC=$?
 tail -n 3 "$OUT/pytest-gpu.log"
 
-# 3. cost model + training throughput + the report
+# 3. cost model + training throughput + the report, which names the checkout's commit: git's where it is here (a
+#    copied working tree may come without .git: pass DRAFTSMITH_COMMIT then), "+changes" for uncommitted edits
+COMMIT=${DRAFTSMITH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+if [ -z "${DRAFTSMITH_COMMIT:-}" ] && [ "$COMMIT" != unknown ] && ! git diff --quiet HEAD 2>/dev/null; then
+  COMMIT="$COMMIT+changes"
+fi
 PROFILES=$(ls results/profiles/*.json 2>/dev/null || true)
 log "benchmarks and report"
-timeout "${BENCH_S:-250}" "$PY" -m draftsmith.app.gpucheck "$OUT" ${MODE:+--dry} --pytest-rc "$PYTEST_RC" \
+timeout "${BENCH_S:-250}" "$PY" -m draftsmith.app.gpucheck "$OUT" ${MODE:+--dry} --pytest-rc "$PYTEST_RC" --commit "$COMMIT" \
   --budget-s "$(( ${BENCH_S:-250} - 30 ))" ${PROFILES:+--profiles $PROFILES} 2>&1 | tee "$OUT/bench.log"
 RC=${PIPESTATUS[0]}
 if [ ! -s "$OUT/gpu_check.json" ]; then  # the benchmark process died before its first report

@@ -142,6 +142,33 @@ def test_prompts_shapes(tmp_path, tiny_tokenizer):
 
 
 @pytest.mark.slow
+def test_chi2_pvalue_is_the_chi_square_upper_tail():
+    """Oracles: the table value (df 3 at 7.815 -> 0.05; df 1 at 3.841 -> 0.05), pooling of rare cells, and under the
+    null the p-values of many samples are not piled near 0 (a biased law is caught at the same n)."""
+    from draftsmith.testing import chi2_pvalue
+
+    law = torch.tensor([0.25, 0.25, 0.25, 0.25])
+    # counts 100 * law + deviations whose Pearson statistic is 7.815: (d^2 / 25) summed = 7.815
+    d = (7.815 * 25 / 2) ** 0.5
+    counts = torch.tensor([25 + d, 25 - d, 25.0, 25.0])
+    assert abs(chi2_pvalue(counts, law) - 0.05) < 1e-3
+    # two rare cells (expected 1 each) pool into one that observes 2 against 2 expected: statistic 0, p 1
+    # (unpooled, the same counts give a statistic of 2 over df 3, p 0.57)
+    rare = torch.tensor([0.49, 0.49, 0.01, 0.01])
+    assert abs(chi2_pvalue(torch.tensor([49.0, 49.0, 2.0, 0.0]), rare) - 1.0) < 1e-9
+    g = torch.Generator().manual_seed(0)
+    law = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    null = [
+        chi2_pvalue(torch.bincount(torch.multinomial(law, 3000, True, generator=g), minlength=4).float(), law)
+        for _ in range(200)
+    ]
+    assert 0.4 < sum(null) / len(null) < 0.6 and sum(p < 0.01 for p in null) <= 6
+    biased = torch.bincount(
+        torch.multinomial(torch.tensor([0.13, 0.2, 0.3, 0.37]), 3000, True, generator=g), minlength=4
+    )
+    assert chi2_pvalue(biased.float(), law) < 1e-3
+
+
 def test_loaded_models_run_no_hub_kernels(tiny_dirs):
     """transformers >= 5.25 turns Hub kernels on by default when `kernels` is installed: layers replaced by code
     fetched from the Hub (on CUDA; offline, the first .train()/.eval() then fails, as on the first GPU check).

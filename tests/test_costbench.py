@@ -71,6 +71,7 @@ def test_costbench_measures_every_part(tiny_run):
     assert res["drafters"]["peagle,depth=3@k=3"]["nodes"] == 3
     assert res["skipped"] == []
     for key, d in res["drafters"].items():  # one profiled step each: the ops a step dispatches, on the host
+        assert len(d["step_s_all"]) == 1 and d["step_s"] == d["step_s_all"][0], key  # reps=1: the one step
         p = d["profile"]
         assert p["aten_ops"] > 0 and p["host_ms"] > 0 and p["device_ms"] == 0, key
         assert p["top"] and all(t["host_ms"] >= 0 for t in p["top"]), key

@@ -20,10 +20,11 @@ def _run(*args, env_extra=None):
 @pytest.mark.slow  # ~30 s: three Python processes (pytest collection, benchmarks) on tiny shapes
 def test_gpu_check_dry_mode_end_to_end(tmp_path):
     out = tmp_path / "check"
-    r = _run(str(out), "--dry")
+    r = _run(str(out), "--dry", env_extra={"DRAFTSMITH_COMMIT": "abc1234"})  # a tree copied without .git
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rep = json.loads((out / "gpu_check.json").read_text())
     assert rep["mode"] == "dry" and not rep.get("errors"), rep.get("errors")
+    assert rep["commit"] == "abc1234" and "commit abc1234" in (out / "gpu_check.md").read_text()
     py = rep["pytest"]
     assert py["tests"] >= 10 and py["failures"] == 0 and py["errors"] == 0  # the gpu set is collected ...
     assert py["skipped"] == py["tests"]  # ... and skipped: no CUDA here

@@ -69,7 +69,7 @@ def markdown(report: dict) -> str:
         f"# draftsmith GPU check ({report['mode']})",
         "",
         f"{report['date']} · device {report['device']} · torch {report['torch']} · transformers "
-        f"{report.get('transformers')} · draftsmith {report['draftsmith']}",
+        f"{report.get('transformers')} · draftsmith {report['draftsmith']} · commit {report.get('commit', 'unknown')}",
         "",
     ]
     if report["mode"] == "dry":
@@ -153,6 +153,9 @@ def _parser() -> argparse.ArgumentParser:
         "--pytest-xml", default=None, help="junit XML of the gpu-marked tests (default OUT/pytest-gpu.xml)"
     )
     ap.add_argument("--pytest-rc", type=int, default=None)
+    ap.add_argument(
+        "--commit", default="unknown", help="the checkout's commit (gpu_check.sh: git, or DRAFTSMITH_COMMIT)"
+    )
     ap.add_argument("--budget-s", type=float, default=300.0, help="time for both benchmarks together")
     ap.add_argument(
         "--profiles", nargs="*", default=[], help="eval.json acceptance profiles for the cost model"
@@ -184,6 +187,7 @@ def _header(args: argparse.Namespace, cuda: bool, out: Path) -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "draftsmith": draftsmith.__version__,
+        "commit": args.commit,
         "pytest_rc": args.pytest_rc,
         "pytest": pytest_summary(Path(args.pytest_xml) if args.pytest_xml else out / "pytest-gpu.xml"),
     }
