@@ -50,10 +50,11 @@ def build_draft(path: str, opts: dict, ctx: DrafterContext) -> Proposer:
     """`draft:<dir|hub id|.gguf>[,stop_below=P,vocab=PATH,compile=1,bits=4|8,group=G,siblings=S,nodes=N]`: a
     causal LM with the target's tokenizer (reduced vocab honoured); stop_below > 0 ends a step's draft at the first
     token the draft is less sure of than P; vocab= gives a draft without one a reduced output vocabulary (a
-    draft_vocab.safetensors or a folder holding one); compile=1 runs its step as one torch.compile graph over a static cache; bits= reads its matmul
-    weights as int4 (in groups of `group` input columns) / int8 (DraftModelProposer, draftsmith.woq); siblings=S
-    adds S alternatives per depth beside the chain (a tree verified in the same target forward); nodes=N fills the
-    tree to N nodes with the siblings the draft rates highest instead (at most S, default 3, per depth)."""
+    draft_vocab.safetensors or a folder holding one); compile=1 runs its step as one torch.compile graph over a
+    static cache; bits= reads its matmul weights as int4 (in groups of `group` input columns) / int8
+    (DraftModelProposer, draftsmith.woq); siblings=S adds S alternatives per depth beside the chain (a tree
+    verified in the same target forward); nodes=N fills the tree to N nodes with the siblings the draft rates
+    highest instead (at most S, default 3, per depth)."""
     from draftsmith import models
     from draftsmith.compat import _vocab_size, check_tokenizers
     from draftsmith.vocab import load_draft_vocab, read_draft_vocab

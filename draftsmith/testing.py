@@ -266,8 +266,12 @@ def sampled_joint_tvd(decoder, proposer, prompt: torch.Tensor, **kw) -> float:
     """TVD between the joint law of the first `tokens` tokens of `n` seeded speculative-sampling runs and the
     target's exact joint law (exact_joint); keywords as sampled_joint_counts. Use a vocabulary of a few tokens
     (V**tokens outcomes); ~0.06 bounds the sampling noise of 2500 draws over 64 outcomes."""
-    counts, exact = sampled_joint_counts(decoder, proposer, prompt, **kw)
-    return 0.5 * float((counts / counts.sum() - exact).abs().sum())
+    return joint_tvd(*sampled_joint_counts(decoder, proposer, prompt, **kw))
+
+
+def joint_tvd(counts: torch.Tensor, law: torch.Tensor) -> float:
+    """Total variation distance between the empirical law of `counts` and `law` (same shape)."""
+    return 0.5 * float((counts / counts.sum() - law).abs().sum())
 
 
 def sampled_joint_counts(
@@ -282,7 +286,7 @@ def sampled_joint_counts(
     batch_with: tuple[torch.Tensor, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(counts [V] * tokens of the first `tokens` tokens of `n` seeded speculative-sampling runs, the target's
-    exact joint law of the same shape): what sampled_joint_tvd and chi2_pvalue compare. batch_with: other prompts
+    exact joint law of the same shape): what joint_tvd and chi2_pvalue compare. batch_with: other prompts
     [1, T] decoded in the same batch (generate_batch; the law is the first row's)."""
     from draftsmith.sampling import SamplingParams
 
