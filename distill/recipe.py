@@ -164,7 +164,8 @@ class DistillConfig:
 
 
 class DraftLM(torch.nn.Module):
-    """The draft as one module for accelerate: forward gives logits over its (reduced) vocabulary [B, T, V_d]."""
+    """The draft as one module for accelerate: forward gives logits over its (reduced) vocabulary [B, T, V_d], or
+    [N, V_d] at the positions `rows` ([B, T] bool) marks (the head runs there only)."""
 
     def __init__(self, model: torch.nn.Module, vocab_ids: torch.Tensor | None):
         super().__init__()
@@ -179,11 +180,13 @@ class DraftLM(torch.nn.Module):
         inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         return getattr(inner, "_no_split_modules", None)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         from draftsmith.vocab import restricted_logits
 
         vocab_ids = self.vocab_ids if self.has_vocab else None
-        return restricted_logits(self.model, input_ids, attention_mask, vocab_ids=vocab_ids)[0]
+        return restricted_logits(self.model, input_ids, attention_mask, vocab_ids=vocab_ids, rows=rows)[0]
 
 
 def target_logits_at(
@@ -223,6 +226,7 @@ def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
         dev = next(draft.parameters()).device
         input_ids, attn = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
         rows = batch["loss_mask"].to(dev)[:, 1:]  # logits at t predict token t+1: score response tokens
+        scored = torch.nn.functional.pad(rows, (0, 1))  # the same, as positions of input_ids
         vocab_ids = policy.vocab_ids
         if "target_topk_values" in batch:
             values, ids = batch["target_topk_values"].to(dev), batch["target_topk_ids"].to(dev)
@@ -236,8 +240,8 @@ def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
             else:
                 target_logits = dense_from_topk(values, ids, vocab)
         else:
-            target_logits = target_logits_at(target, input_ids, attn, torch.nn.functional.pad(rows, (0, 1)))
-        draft_logits = model(input_ids, attn)[:, :-1][rows]
+            target_logits = target_logits_at(target, input_ids, attn, scored)
+        draft_logits = model(input_ids, attn, rows=scored)  # the head runs at the scored positions only
         loss = divergence(
             kind,
             target_logits,
@@ -279,8 +283,9 @@ def evaluate_examples(
         rows = batch["loss_mask"].to(dev)[:, 1:]
         if not rows.any():
             continue
-        t_logits = target_logits_at(target, input_ids, attn, torch.nn.functional.pad(rows, (0, 1)))
-        d_logits = draft(input_ids, attn)[:, :-1][rows]
+        scored = torch.nn.functional.pad(rows, (0, 1))  # the positions whose logits predict response tokens
+        t_logits = target_logits_at(target, input_ids, attn, scored)
+        d_logits = draft(input_ids, attn, rows=scored)
         seqs = torch.arange(rows.shape[0], device=dev)[:, None].expand_as(rows)[
             rows
         ]  # sequence of each token

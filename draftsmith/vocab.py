@@ -170,19 +170,27 @@ def restricted_logits(
     attention_mask: torch.Tensor | None = None,
     vocab_ids: torch.Tensor | None = None,
     logits_to_keep: int = 0,
+    rows: torch.Tensor | None = None,
     **kw,
 ) -> tuple[torch.Tensor, object]:
     """Run the base transformer, then the lm_head over `vocab_ids` rows only.
 
     input_ids [B, T] -> (logits [B, T', V_d] (or [B, T', V] when vocab_ids is None), decoder outputs), where
-    T' = logits_to_keep if > 0 (the last positions) else T. Extra `kw` (position_ids, cache, use_cache,
-    output_hidden_states, ...) go to the decoder. Works on LlamaForCausalLM-like models and PeftModel wrappers.
+    T' = logits_to_keep if > 0 (the last positions) else T. `rows` ([B, T] bool) instead gives logits [N, V_d] at
+    those positions only (= the full logits indexed by rows): a trainer that scores part of each sequence skips the
+    head, the largest single product of a small large-vocabulary model, everywhere else. Extra `kw` (position_ids,
+    cache, use_cache, output_hidden_states, ...) go to the decoder. Works on LlamaForCausalLM-like models and
+    PeftModel wrappers.
     """
+    if rows is not None and logits_to_keep > 0:
+        raise DraftsmithError("restricted_logits takes rows or logits_to_keep, not both")
     lm, decoder = causal_lm(model), base_decoder(model)
     outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, **kw)
     hidden = outputs.last_hidden_state  # [B, T, H]
     if logits_to_keep > 0:
         hidden = last_rows(hidden, logits_to_keep)
+    if rows is not None:
+        hidden = hidden[rows]  # [N, H]
     head = lm.get_output_embeddings()
     if vocab_ids is None:
         logits = head(hidden)

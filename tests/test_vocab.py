@@ -114,6 +114,31 @@ def test_restricted_logits_match_full(tiny_draft):
     assert outputs.last_hidden_state.shape == (2, 9, tiny_draft.config.hidden_size)
 
 
+def test_restricted_logits_at_rows_run_the_head_there_only(tiny_draft):
+    torch.manual_seed(0)
+    input_ids = torch.randint(0, 384, (2, 9))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, :3] = 0
+    rows = torch.zeros(2, 9, dtype=torch.bool)
+    rows[0, 4:8] = True
+    rows[1, 6:] = True
+    vocab_ids = torch.tensor([0, 1, 2, 17, 100, 383])
+    seen = []
+    hook = tiny_draft.get_output_embeddings().register_forward_hook(lambda m, a, o: seen.append(a[0].shape))
+    with torch.no_grad():
+        full = tiny_draft(input_ids, attention_mask=attention_mask).logits
+        seen.clear()
+        at_rows, _ = restricted_logits(tiny_draft, input_ids, attention_mask, rows=rows)
+        reduced, _ = restricted_logits(tiny_draft, input_ids, attention_mask, vocab_ids=vocab_ids, rows=rows)
+    hook.remove()
+    # the head saw the 7 marked positions only
+    assert seen == [torch.Size([7, tiny_draft.config.hidden_size])]
+    assert torch.allclose(at_rows, full[rows], atol=1e-5)
+    assert torch.allclose(reduced, full[rows][:, vocab_ids], atol=1e-5)
+    with pytest.raises(DraftsmithError, match="rows or logits_to_keep"):
+        restricted_logits(tiny_draft, input_ids, attention_mask, rows=rows, logits_to_keep=1)
+
+
 def test_restricted_logits_through_peft_and_grads(tiny_draft):
     import copy
 
