@@ -131,7 +131,8 @@ def test_restricted_logits_at_rows_run_the_head_there_only(tiny_draft):
         at_rows, _ = restricted_logits(tiny_draft, input_ids, attention_mask, rows=rows)
         reduced, _ = restricted_logits(tiny_draft, input_ids, attention_mask, vocab_ids=vocab_ids, rows=rows)
     hook.remove()
-    # the head saw the 7 marked positions only
+    # one head call, over the 7 marked positions only (the reduced-vocabulary call multiplies by the head's kept
+    # rows without calling the module)
     assert seen == [torch.Size([7, tiny_draft.config.hidden_size])]
     assert torch.allclose(at_rows, full[rows], atol=1e-5)
     assert torch.allclose(reduced, full[rows][:, vocab_ids], atol=1e-5)
