@@ -59,6 +59,17 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(warp_logits(logits, params), dim=-1)
 
 
+def top_margin(logits: torch.Tensor) -> torch.Tensor:
+    """p1 - p2 of softmax(logits [..., V]) at temperature 1, per position [...]: how decided a model is between its
+    two best tokens (1: sure, 0: a tie). Given a top-k slice of the logits (a cached top-64), p is taken over it."""
+    logits = logits.float()
+    if logits.shape[-1] < 2:
+        return logits.new_ones(logits.shape[:-1])
+    top = torch.topk(logits, 2, dim=-1).values
+    p = (top - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()
+    return p[..., 0] - p[..., 1]
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One draw per row from probs [..., V] -> ids [...]."""
     flat = probs.reshape(-1, probs.shape[-1])

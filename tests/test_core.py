@@ -10,7 +10,7 @@ from draftsmith.compat import check_compatible, check_tokenizers
 from draftsmith.config import load_config
 from draftsmith.errors import DraftsmithError
 from draftsmith.prompts import load_prompts, prompt_ids
-from draftsmith.sampling import SamplingParams, warp_probs
+from draftsmith.sampling import SamplingParams, top_margin, warp_probs
 
 
 @dataclass
@@ -66,6 +66,16 @@ def test_warp_greedy_topk_topp():
     assert (p[0] > 0).sum() == 2  # the first token alone misses top_p by a hair: two are kept
     with pytest.raises(DraftsmithError):
         SamplingParams(temperature=-1)
+
+
+def test_top_margin_is_p1_minus_p2_over_the_logits_given():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0], [0.0, 3.0, 3.0, 1.0]], dtype=torch.bfloat16)
+    p = torch.softmax(logits.float(), -1)
+    torch.testing.assert_close(top_margin(logits), torch.stack([p[0, 0] - p[0, 1], p[1, 1] - p[1, 2]]))
+    assert top_margin(logits)[1] == 0  # a tie
+    sliced = torch.softmax(logits[:1, :2].float(), -1)[0]  # a top-2 slice: p taken over it
+    assert top_margin(logits[:1, :2]).item() == pytest.approx(float(sliced[0] - sliced[1]))
+    assert top_margin(torch.zeros(3, 1)).tolist() == [1.0, 1.0, 1.0]
 
 
 def test_acceptance_math():

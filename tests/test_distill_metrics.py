@@ -124,3 +124,58 @@ def test_predicted_tau_counts_the_rounds_that_decode_each_sequence():
     meter = AcceptanceMeter(0.0, ks=[4])
     meter.update(t_logits, t_logits)
     assert meter.compute()["tau_estimate"] == "iid"
+
+
+def test_top1_is_split_by_the_target_margin():
+    # target margins p1 - p2: .1 (near-tie), .1, .3, .5, .9, .9; the draft agrees on rows 0, 3, 4
+    target = _logits_from_probs(
+        [0.45, 0.35, 0.2],
+        [0.35, 0.45, 0.2],
+        [0.5, 0.2, 0.3],
+        [0.7, 0.2, 0.1],
+        [0.95, 0.05, 0.0],
+        [0.0, 0.05, 0.95],
+    )
+    draft = _logits_from_probs(
+        [0.9, 0.05, 0.05],
+        [0.9, 0.05, 0.05],
+        [0.1, 0.1, 0.8],
+        [0.6, 0.3, 0.1],
+        [0.5, 0.4, 0.1],
+        [0.6, 0.3, 0.1],
+    )
+    meter = AcceptanceMeter(temperature=0.0, chunk_size=4)  # the bins add up across chunks
+    meter.update(target, draft)
+    bins = meter.compute()["top1_by_margin"]
+    assert list(bins) == ["0-0.2", "0.2-0.4", "0.4-0.7", "0.7-1"]
+    assert bins["0-0.2"] == {"top1": pytest.approx(0.5), "n": 2}
+    assert bins["0.2-0.4"] == {"top1": 0.0, "n": 1}
+    assert bins["0.4-0.7"] == {"top1": 1.0, "n": 1}
+    assert bins["0.7-1"] == {"top1": pytest.approx(0.5), "n": 2}
+    meter = AcceptanceMeter(temperature=0.0)
+    meter.update(target[:1], draft[:1])
+    assert meter.compute()["top1_by_margin"]["0.7-1"] == {"top1": None, "n": 0}
+
+
+def test_distill_summary_prints_top1_by_margin():
+    import importlib.util
+    from pathlib import Path
+
+    from draftsmith.distill.recipe import DistillConfig
+
+    path = Path(__file__).resolve().parents[1] / "train" / "distill.py"
+    spec = importlib.util.spec_from_file_location("distill_entry", path)
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    bins = {
+        "0-0.2": {"top1": 0.4, "n": 10},
+        "0.2-0.4": {"top1": None, "n": 0},
+        "0.7-1": {"top1": 0.96, "n": 50},
+    }
+    held = {"alpha": 0.8, "top1": 0.83, "tau_k4": 3.4, "top1_by_margin": bins}
+    text = entry.summary(DistillConfig(), {"step": 5, "eval": {"heldout": held}, "final_dir": "out/final"})
+    assert text.splitlines()[1].endswith("p1 - p2: 0-0.2 0.400 (10), 0.7-1 0.960 (50)")
+    del held["top1_by_margin"]
+    assert "\n" not in entry.summary(
+        DistillConfig(), {"step": 5, "eval": {"heldout": held}, "final_dir": "x"}
+    )

@@ -122,7 +122,8 @@ def test_on_policy_and_mixture_train(tiny_dirs, gen_dir, tmp_path, policy, loss)
         assert all(e["on_policy"] == 1.0 for e in train_ev)
 
 
-def test_existing_lora_draft_is_checked_and_merged(tiny_dirs, gen_dir, tmp_path):
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_existing_lora_draft_is_checked_and_merged(tiny_dirs, gen_dir, tmp_path, precision):
     from transformers import AutoModelForCausalLM
 
     cfg = _cfg(
@@ -134,9 +135,16 @@ def test_existing_lora_draft_is_checked_and_merged(tiny_dirs, gen_dir, tmp_path)
         "model.lora.enabled=true",
         "model.lora.r=4",
         "train.save_every=0",
+        f"train.mixed_precision={precision}",
     )
-    run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora" / "final")
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # one mixed precision per process otherwise
+    try:
+        run_distill(cfg, make_accelerator(cfg.train, cpu=True), progress=False)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora" / "final", dtype="auto")
     assert not any("lora" in k for k in merged.state_dict())
     base = AutoModelForCausalLM.from_pretrained(tiny_dirs["draft"])
     diff = [
@@ -144,6 +152,11 @@ def test_existing_lora_draft_is_checked_and_merged(tiny_dirs, gen_dir, tmp_path)
         for (_, a), (_, b) in zip(sorted(merged.state_dict().items()), sorted(base.state_dict().items()))
     ]
     assert any(diff)  # the adapters were trained and merged in
+    # the frozen base trained in bf16 under bf16 autocast (cast_frozen) and was upcast before the merge: saved fp32,
+    # holding exactly the bf16 weights the run used; without autocast it stays the fp32 base
+    emb, base_emb = merged.model.embed_tokens.weight, base.model.embed_tokens.weight
+    assert emb.dtype == torch.float32 and not torch.equal(base_emb.bfloat16().float(), base_emb)
+    assert torch.equal(emb, base_emb.bfloat16().float() if precision == "bf16" else base_emb)
 
 
 def test_distill_bad_inputs(tiny_dirs, gen_dir, tmp_path):
@@ -267,6 +280,49 @@ def test_cached_target_topk_equals_online_target_when_k_is_the_vocab(tiny_dirs, 
     cache_target_topk(tiny_target, exs, 8, pad_id=2, max_length=64, progress=False)
     loss_top8, _ = make_loss_fn(tiny_target, online, LossArgs(kind="fkl"))[0](draft, raw)
     assert torch.isfinite(loss_top8) and not torch.allclose(loss_top8, loss_online)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_min_margin_trains_on_the_decided_tokens_only(gen_dir, tiny_target, cached):
+    # oracle: the divergence over the kept rows alone, the draft's head run at those rows only
+    from draftsmith.distill.policies import DataPolicy, cache_target_topk, dense_from_topk
+    from draftsmith.distill.recipe import DraftLM, LossArgs, make_loss_fn, target_logits_at
+    from draftsmith.divergences import divergence
+    from draftsmith.examples import examples_from_generated
+    from draftsmith.sampling import top_margin
+    from draftsmith.testing import tiny_llama
+
+    exs = examples_from_generated(gen_dir)[:4]
+    vocab = tiny_target.config.vocab_size
+    draft = DraftLM(tiny_llama(seed=3, num_hidden_layers=1), None)
+    policy = DataPolicy("target", exs, 4, pad_id=2, eos_ids=[2], max_length=64)
+    if cached:
+        cache_target_topk(tiny_target, exs, 16, pad_id=2, max_length=64, progress=False)
+    raw = policy(0)[0]
+    batch = policy.materialize(raw)
+    scored = torch.nn.functional.pad(batch["loss_mask"][:, 1:], (0, 1))
+    if cached:
+        target = dense_from_topk(batch["target_topk_values"], batch["target_topk_ids"], vocab)
+        margin = top_margin(batch["target_topk_values"])
+    else:
+        target = target_logits_at(tiny_target, batch["input_ids"], batch["attention_mask"], scored)
+        margin = top_margin(target)
+    cut = float(margin.median())
+    keep = margin >= cut
+    assert 0 < int(keep.sum()) < keep.numel()
+    draft_all = draft(batch["input_ids"], batch["attention_mask"], rows=scored)
+    for kind in ("fkl", "tvd"):
+        want = divergence(kind, target[keep], draft_all[keep])
+        got, metrics = make_loss_fn(tiny_target, policy, LossArgs(kind=kind, min_margin=cut))[0](draft, raw)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+        assert metrics["loss_tokens"] == int(keep.sum())
+    seen = []
+    hook = draft.model.lm_head.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    make_loss_fn(tiny_target, policy, LossArgs(kind="fkl", min_margin=cut))[0](draft, raw)
+    hook.remove()
+    assert seen == [int(keep.sum())]  # the near-ties never reach the head
+    with pytest.raises(DraftsmithError, match="loss.min_margin must be in"):
+        LossArgs(min_margin=1.0)
 
 
 def test_tied_embeddings_draft_checkpoints_and_resumes(tmp_path, gen_dir):

@@ -345,3 +345,59 @@ def test_warmup_schedule_picks_the_divergence_per_step():
         LossArgs(kind="tvd", warmup_steps=3)
     with pytest.raises(DraftsmithError, match="warmup_steps must be >= 0"):
         LossArgs(kind="tvd", warmup_kind="fkl", warmup_steps=-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("reduced", [False, True])
+def test_fkl_from_topk_equals_fkl_over_the_dense_top_k_target(temperature, reduced):
+    # the oracle: the dense [N, V] target built from the same top-k, then the dense fkl; value and gradient
+    from draftsmith.distill.policies import dense_from_topk
+    from draftsmith.divergences import fkl_from_topk
+
+    g = torch.Generator().manual_seed(3)
+    vocab, n, k = 60, 9, 6
+    values, ids = (torch.randn(n, vocab, generator=g) * 3).topk(k, dim=-1)
+    values = values.half()  # as cached
+    columns, d_vocab = None, vocab
+    if reduced:  # some top-k ids fall outside the draft vocabulary (never the whole row here)
+        vocab_ids = torch.tensor(sorted(set(ids[:, :2].flatten().tolist()) | {0, 5, 17}))
+        columns = torch.full((vocab,), -1, dtype=torch.long)
+        columns[vocab_ids] = torch.arange(vocab_ids.numel())
+        d_vocab = vocab_ids.numel()
+        assert (columns[ids] < 0).any()
+    dense = dense_from_topk(values, ids.int(), d_vocab, columns)
+    draft = (torch.randn(n, d_vocab, generator=g) * 2).requires_grad_(True)
+    want = divergence("fkl", dense, draft, temperature=temperature)
+    (want_grad,) = torch.autograd.grad(want, draft)
+    for block in (None, 2):  # one block; blocks of 2 rows and a last one of 1
+        got = fkl_from_topk(
+            values, ids.int(), draft, temperature=temperature, columns=columns, block_rows=block
+        )
+        (got_grad,) = torch.autograd.grad(got, draft)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_grad, want_grad)
+    assert want > 0
+    low = (
+        draft.detach().bfloat16().requires_grad_(True)
+    )  # the trainer's logits: the gradient comes back in bf16
+    (low_grad,) = torch.autograd.grad(
+        fkl_from_topk(values, ids, low, temperature=temperature, columns=columns), low
+    )
+    assert low_grad.dtype == torch.bfloat16
+    torch.testing.assert_close(low_grad.float(), want_grad, atol=2e-3, rtol=2e-2)
+
+
+def test_fkl_from_topk_row_the_draft_cannot_emit_adds_nothing():
+    from draftsmith.divergences import fkl_from_topk
+
+    values = torch.tensor([[2.0, 1.0], [3.0, 0.0]])
+    ids = torch.tensor([[0, 1], [2, 3]])
+    columns = torch.tensor([0, 1, -1, -1])  # row 1's ids are both outside the draft's two columns
+    draft = torch.randn(2, 2, requires_grad=True)
+    both = fkl_from_topk(values, ids, draft, columns=columns)
+    first = fkl_from_topk(values[:1], ids[:1], draft[:1], columns=columns)
+    torch.testing.assert_close(both, first / 2)  # the mean still counts the row
+    (grad,) = torch.autograd.grad(both, draft)
+    assert torch.isfinite(grad).all() and grad[1].abs().sum() == 0
+    with pytest.raises(DraftsmithError, match=r"\[N, k\]"):
+        fkl_from_topk(values, ids[:1], draft, columns=columns)

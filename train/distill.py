@@ -20,8 +20,17 @@ def summary(cfg: DistillConfig, res: dict) -> str:
     return (
         f"done: step {res['step']}, held-out alpha {held.get('alpha', float('nan')):.3f}, "
         f"top-1 {held.get('top1', float('nan')):.3f}, predicted tau(k={k}) {held.get(f'tau_k{k}') or float('nan'):.2f} "
-        f"-> {res['final_dir']}"
+        f"-> {res['final_dir']}{_by_margin(held)}"
     )
+
+
+def _by_margin(held: dict) -> str:
+    """Where the greedy misses are: held-out top-1 per bin of the target's own margin p1 - p2 (token counts)."""
+    bins = held.get("top1_by_margin")
+    if not bins:
+        return ""
+    parts = [f"{name} {b['top1']:.3f} ({b['n']})" for name, b in bins.items() if b["top1"] is not None]
+    return "\n  held-out top-1 by the target's margin p1 - p2: " + ", ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

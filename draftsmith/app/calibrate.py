@@ -97,9 +97,8 @@ def _draft_costs(model, sizes: QuickstartSizes, width: int, bf16: bool) -> tuple
     from transformers import DynamicCache
 
     from draftsmith.distill.init import shrink
-    from draftsmith.distill.policies import dense_from_topk
     from draftsmith.distill.recipe import DraftLM
-    from draftsmith.divergences import divergence
+    from draftsmith.divergences import fkl_from_topk
     from draftsmith.vocab import restricted_logits
 
     dev = next(model.parameters()).device
@@ -123,10 +122,9 @@ def _draft_costs(model, sizes: QuickstartSizes, width: int, bf16: bool) -> tuple
         values = torch.randn(n, 64, generator=gen).to(dev)
         top = torch.randint(0, v_d, (n, 64), generator=gen).to(dev)
         t0 = time.perf_counter()
-        target = dense_from_topk(values, top, v_d)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):  # as accelerate wraps the forward
-            logits = draft(ids, torch.ones_like(ids))
-        loss = divergence("fkl", target, logits[:, :-1][rows])
+            logits = draft(ids, torch.ones_like(ids), rows=torch.nn.functional.pad(rows, (0, 1)))
+        loss = fkl_from_topk(values, top, logits)  # the trainer's loss against a cached top-k
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
