@@ -65,8 +65,8 @@ class AcceptanceMeter:
         self._alpha_sum = 0.0
         self._top1_sum = 0.0
         self._n = 0
-        self._bin_top1 = [0.0] * (len(MARGIN_BINS) + 1)
-        self._bin_n = [0] * (len(MARGIN_BINS) + 1)
+        self._bin_top1 = torch.zeros(len(MARGIN_BINS) + 1, dtype=torch.float64)
+        self._bin_n = torch.zeros(len(MARGIN_BINS) + 1, dtype=torch.float64)
 
     @torch.no_grad()
     def update(
@@ -108,10 +108,9 @@ class AcceptanceMeter:
             bins = torch.bucketize(
                 top_margin(target_chunk), torch.tensor(MARGIN_BINS, device=top1.device), right=True
             )
-            for b in range(len(self._bin_n)):
-                in_bin = bins == b
-                self._bin_n[b] += int(in_bin.sum())
-                self._bin_top1[b] += float(top1[in_bin].double().sum())
+            n_bins = self._bin_n.numel()
+            self._bin_n += torch.bincount(bins, minlength=n_bins).cpu()
+            self._bin_top1 += torch.bincount(bins, weights=top1.double(), minlength=n_bins).cpu()
             self._alpha_sum += float(alpha.double().sum())
             self._top1_sum += float(top1.double().sum())
             self._n += int(chunk.numel())
@@ -153,7 +152,7 @@ class AcceptanceMeter:
             "tvd": 1.0 - alpha,
             "n_tokens": self._n,
             "top1_by_margin": {
-                name: {"top1": hits / n if n else None, "n": n}
-                for name, hits, n in zip(_margin_bin_names(), self._bin_top1, self._bin_n)
+                name: {"top1": hits / n if n else None, "n": int(n)}
+                for name, hits, n in zip(_margin_bin_names(), self._bin_top1.tolist(), self._bin_n.tolist())
             },
         }

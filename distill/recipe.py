@@ -251,8 +251,7 @@ def make_loss_fn(target, policy: DataPolicy, cfg: LossArgs):
                 values, ids = values[keep], ids[keep]
             else:
                 target_logits = target_logits[keep]
-            scored = scored.clone()
-            scored[scored.clone()] = keep
+            scored = scored.masked_scatter(scored, keep)
         draft_logits = model(input_ids, attn, rows=scored)  # the head runs at the scored positions only
         if cached and kind == "fkl":  # one pass over the draft's logits, no dense target
             loss = fkl_from_topk(
