@@ -19,7 +19,9 @@ needs sequence boundaries (`segments` in `update`); without them, and always und
 Where the greedy misses are: top1 is also split by the target's own margin p1 - p2 (temperature 1) at each position
 (`top1_by_margin`, bins MARGIN_BINS). Misses at the target's near-ties (small margins) are ones a smaller draft
 fixes only by reproducing the larger model's coin flips; misses where the target is sure are the ones to train away
-(`loss.min_margin`).
+(`loss.min_margin`). How much that can buy at most is `tau_greedy_if_sure`: the predicted greedy tau (same rounds)
+of this draft with every miss where the target's margin is >= m turned into a hit, for each bin edge m; a draft
+that trains away the sure misses and keeps the near-tie ones cannot predict more than it.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class AcceptanceMeter:
         self._n = 0
         self._bin_top1 = torch.zeros(len(MARGIN_BINS) + 1, dtype=torch.float64)
         self._bin_n = torch.zeros(len(MARGIN_BINS) + 1, dtype=torch.float64)
+        self._rounds_if_sure = {m: {k: 0.0 for k in self.ks} for m in MARGIN_BINS}  # top1 | (margin >= m)
 
     @torch.no_grad()
     def update(
@@ -89,6 +92,7 @@ class AcceptanceMeter:
         )
         alphas: list[torch.Tensor] = []
         top1s: list[torch.Tensor] = []
+        margins: list[torch.Tensor] = []
         for start in range(0, rows.numel(), self.chunk_size):
             chunk = rows[start : start + self.chunk_size]
             target_chunk = target_logits.index_select(0, chunk)  # [n, V]
@@ -105,9 +109,8 @@ class AcceptanceMeter:
             alpha = torch.minimum(target_probs_on, draft_probs).sum(-1)
             # greedy acceptance compares raw argmaxes (warping never moves the argmax)
             top1 = draft_top == target_chunk.argmax(-1)
-            bins = torch.bucketize(
-                top_margin(target_chunk), torch.tensor(MARGIN_BINS, device=top1.device), right=True
-            )
+            margin = top_margin(target_chunk)
+            bins = torch.bucketize(margin, torch.tensor(MARGIN_BINS, device=top1.device), right=True)
             n_bins = self._bin_n.numel()
             self._bin_n += torch.bincount(bins, minlength=n_bins).cpu()
             self._bin_top1 += torch.bincount(bins, weights=top1.double(), minlength=n_bins).cpu()
@@ -116,15 +119,23 @@ class AcceptanceMeter:
             self._n += int(chunk.numel())
             alphas.append(alpha.double())
             top1s.append(top1.double())
+            margins.append(margin.float())
         if segments is not None and alphas:
             seg = segments.reshape(-1).to(rows.device).index_select(0, rows)
-            self._add_rounds(torch.cat(alphas), torch.cat(top1s), seg)
+            self._add_rounds(torch.cat(alphas), torch.cat(top1s), torch.cat(margins), seg)
 
-    def _add_rounds(self, alpha: torch.Tensor, top1: torch.Tensor, seg: torch.Tensor) -> None:
-        """Add every sequence's expected rounds for every k (draftsmith.acceptance.rounds_along_text)."""
+    def _add_rounds(
+        self, alpha: torch.Tensor, top1: torch.Tensor, margin: torch.Tensor, seg: torch.Tensor
+    ) -> None:
+        """Add every sequence's expected rounds for every k (draftsmith.acceptance.rounds_along_text), also with
+        the misses where the target's margin is >= each bin edge counted as hits."""
+        series = [(alpha, self._rounds), (top1, self._rounds_greedy)]
+        series += [
+            (torch.maximum(top1, (margin >= m).double()), self._rounds_if_sure[m]) for m in MARGIN_BINS
+        ]
         cuts = (torch.nonzero(seg[1:] != seg[:-1]).flatten() + 1).tolist()
         for lo, hi in zip([0, *cuts], [*cuts, seg.numel()]):
-            for acc, sums in ((alpha, self._rounds), (top1, self._rounds_greedy)):
+            for acc, sums in series:
                 for k, rounds in rounds_along_text(acc[lo:hi].tolist(), self.ks).items():
                     sums[k] += rounds
         self._walked_n += alpha.numel()
@@ -133,7 +144,8 @@ class AcceptanceMeter:
         """{"alpha", "top1", "tau": {k: ...}, "tau_greedy": {k: ...} (tokens over expected rounds when segments were
         given, else i.i.d.), "tau_estimate": "rounds"|"iid", "tau_iid", "tau_greedy_iid", "tvd", "n_tokens",
         "top1_by_margin": {"lo-hi": {"top1", "n"}} (top1 of the tokens whose target margin p1 - p2 is in [lo, hi);
-        top1 None in an empty bin)}."""
+        top1 None in an empty bin), "tau_greedy_if_sure": {"m": {k: ...}} (tau_greedy with every miss at a target
+        margin >= m counted as a hit, for each bin edge m; only when segments were given)}."""
         if self._n == 0:
             raise DraftsmithError("AcceptanceMeter saw no tokens; check the eval data and its loss mask")
         alpha = min(1.0, self._alpha_sum / self._n)
@@ -155,4 +167,10 @@ class AcceptanceMeter:
                 name: {"top1": hits / n if n else None, "n": int(n)}
                 for name, hits, n in zip(_margin_bin_names(), self._bin_top1.tolist(), self._bin_n.tolist())
             },
+            "tau_greedy_if_sure": {
+                f"{m:g}": {k: self._n / rounds[k] for k in self.ks}
+                for m, rounds in self._rounds_if_sure.items()
+            }
+            if walked
+            else None,
         }

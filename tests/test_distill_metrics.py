@@ -157,6 +157,28 @@ def test_top1_is_split_by_the_target_margin():
     assert meter.compute()["top1_by_margin"]["0.7-1"] == {"top1": None, "n": 0}
 
 
+def test_tau_if_sure_turns_the_misses_at_a_confident_target_into_hits():
+    """tau_greedy_if_sure[m]: the rounds walked again with every miss at target margin >= m a hit (hand-computed)."""
+    margin_probs = {0.9: [0.95, 0.05, 0.0], 0.5: [0.7, 0.2, 0.1], 0.3: [0.6, 0.3, 0.1]}
+    margins = [0.9, 0.5, 0.9, 0.9, 0.9, 0.9, 0.9, 0.3, 0.9, 0.9]
+    hits = [1, 0, 1, 1, 1, 1, 1, 0, 0, 1]  # misses at margins .5, .3 and .9
+    target = _logits_from_probs(*(margin_probs[m] for m in margins))
+    draft = _logits_from_probs(*([0.8, 0.1, 0.1] if h else [0.1, 0.8, 0.1] for h in hits))
+    meter = AcceptanceMeter(0.0, ks=[4], chunk_size=3)
+    meter.update(target, draft, segments=torch.zeros(10, dtype=torch.long))
+    res = meter.compute()
+    # k 4, as drafted: [0, 1 rejected] [2, 3, 4, 5, bonus 6] [7 rejected] [8 rejected] [9] -> 10 / 5
+    assert res["tau_greedy"][4] == pytest.approx(2.0)
+    sure = res["tau_greedy_if_sure"]
+    assert list(sure) == ["0.2", "0.4", "0.7"]
+    assert sure["0.7"][4] == pytest.approx(10 / 4)  # 8 a hit: [0, 1] [2-5, 6] [7] [8, 9]
+    assert sure["0.4"][4] == pytest.approx(10 / 3)  # 1 too: [0-3, 4] [5, 6, 7 rejected] [8, 9]
+    assert sure["0.2"][4] == pytest.approx(10 / 2)  # all: [0-3, 4] [5-8, 9]
+    meter = AcceptanceMeter(0.0, ks=[4])
+    meter.update(target, draft)
+    assert meter.compute()["tau_greedy_if_sure"] is None  # no sequences, no rounds
+
+
 def test_distill_summary_prints_top1_by_margin():
     import importlib.util
     from pathlib import Path
@@ -175,7 +197,14 @@ def test_distill_summary_prints_top1_by_margin():
     held = {"alpha": 0.8, "top1": 0.83, "tau_k4": 3.4, "top1_by_margin": bins}
     text = entry.summary(DistillConfig(), {"step": 5, "eval": {"heldout": held}, "final_dir": "out/final"})
     assert text.splitlines()[1].endswith("p1 - p2: 0-0.2 0.400 (10), 0.7-1 0.960 (50)")
-    del held["top1_by_margin"]
+    assert len(text.splitlines()) == 2  # no walked rounds: no ceiling line
+    held["tau_greedy"] = {4: 3.3}
+    held["tau_greedy_if_sure"] = {"0.2": {4: 4.1}, "0.4": {4: 3.7}, "0.7": {4: 3.5}}
+    text = entry.summary(DistillConfig(), {"step": 5, "eval": {"heldout": held}, "final_dir": "out/final"})
+    assert text.splitlines()[2].endswith(
+        "3.30; with the misses at a target margin >= 0.7 / 0.4 / 0.2 made hits: 3.50 / 3.70 / 4.10"
+    )
+    del held["top1_by_margin"], held["tau_greedy_if_sure"]
     assert "\n" not in entry.summary(
         DistillConfig(), {"step": 5, "eval": {"heldout": held}, "final_dir": "x"}
     )

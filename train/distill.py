@@ -20,7 +20,7 @@ def summary(cfg: DistillConfig, res: dict) -> str:
     return (
         f"done: step {res['step']}, held-out alpha {held.get('alpha', float('nan')):.3f}, "
         f"top-1 {held.get('top1', float('nan')):.3f}, predicted tau(k={k}) {held.get(f'tau_k{k}') or float('nan'):.2f} "
-        f"-> {res['final_dir']}{_by_margin(held)}"
+        f"-> {res['final_dir']}{_by_margin(held)}{_if_sure(held, k)}"
     )
 
 
@@ -31,6 +31,18 @@ def _by_margin(held: dict) -> str:
         return ""
     parts = [f"{name} {b['top1']:.3f} ({b['n']})" for name, b in bins.items() if b["top1"] is not None]
     return "\n  held-out top-1 by the target's margin p1 - p2: " + ", ".join(parts)
+
+
+def _if_sure(held: dict, k: int) -> str:
+    """What training away the misses where the target is sure can buy: the greedy tau with them turned into hits."""
+    now, sure = (held.get("tau_greedy") or {}).get(k), held.get("tau_greedy_if_sure")
+    if now is None or not sure:
+        return ""
+    edges = sorted(sure, key=float, reverse=True)
+    return (
+        f"\n  predicted greedy tau(k={k}) {now:.2f}; with the misses at a target margin >= {' / '.join(edges)} "
+        f"made hits: {' / '.join(f'{sure[m][k]:.2f}' for m in edges)}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
