@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -155,11 +156,18 @@ class EvalArgs:
     """Sequences per eval forward pass."""
     k: int = 4
     """Draft length whose predicted tau is the headline number."""
+    train_sample: int = 0
+    """Also score this many training examples (a fixed seeded sample of the training split) at every eval, beside
+    the held-out ones. After an epoch the draft has trained on each once: the gap train_sample - heldout tells a
+    draft that learns its answers but does not carry it to new prompts (more data would help) from one that does
+    not learn them either (capacity, lr, loss). 0 = off."""
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "k"):
             if getattr(self, name) < 1:
                 raise DraftsmithError(f"eval.{name} must be >= 1, got {getattr(self, name)}")
+        if self.train_sample < 0:
+            raise DraftsmithError(f"eval.train_sample must be >= 0 (0 = off), got {self.train_sample}")
 
 
 @dataclass
@@ -325,6 +333,7 @@ def evaluate_examples(
         n += int(rows.sum())
     res = meter.compute()
     res["loss"] = loss_sum / max(n, 1)
+    res["n_examples"] = len(examples)
     res[f"tau_k{cfg.k}"] = res["tau"][cfg.k] if cfg.k in res["tau"] else None
     res[f"tau_greedy_k{cfg.k}"] = res["tau_greedy"].get(cfg.k)
     return res
@@ -341,6 +350,7 @@ class DistillSetup:
     policy: DataPolicy
     eval_examples: list[Example]
     init_info: dict
+    train_sample: list[Example] = field(default_factory=list)
 
 
 def build_draft(cfg: ModelArgs, target, device) -> tuple[torch.nn.Module, dict]:
@@ -407,6 +417,10 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
         tokenizer = models.load_tokenizer(m.target, m.trust_remote_code)
     loaded = [e for examples in examples_from_sources(sources, tokenizer, d.limit) for e in examples]
     train_ex, eval_ex = split_heldout(loaded, d.eval_size, d.held_out_seed(cfg.train.seed))
+    if cfg.eval.train_sample > len(train_ex):
+        raise DraftsmithError(
+            f"eval.train_sample={cfg.eval.train_sample} exceeds the {len(train_ex)} training examples; lower it"
+        )
     if target is None:
         target = models.load_model(
             m.target, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code
@@ -460,7 +474,12 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
             file=d.target_topk_file,
             target_name=str(m.target),
         )
-    return DistillSetup(target, DraftLM(draft, vocab_ids), tokenizer, policy, eval_ex, info)
+    # drawn from what the policy trains on (prompts that fit data.max_length), fixed for the whole run
+    n_sample = min(cfg.eval.train_sample, len(policy.examples))
+    sample = random.Random(f"train-sample:{d.held_out_seed(cfg.train.seed)}").sample(
+        policy.examples, n_sample
+    )
+    return DistillSetup(target, DraftLM(draft, vocab_ids), tokenizer, policy, eval_ex, info, sample)
 
 
 def _eos(target, tokenizer) -> list[int]:
@@ -525,7 +544,7 @@ def run_distill(
         n = cast_frozen(s.draft, torch.bfloat16)
         log.info("LoRA: the frozen base (%d tensors) held in bf16, adapters in fp32", n)
     pad = s.policy.pad_id
-    eval_sets = {"heldout": s.eval_examples, **(extra_eval or {})}
+    eval_sets = {"heldout": s.eval_examples, "train_sample": s.train_sample, **(extra_eval or {})}
     # evals score whole examples (up to the target's context), whatever length training cuts sequences to
     ctx = getattr(s.target.config.get_text_config(), "max_position_embeddings", None) or 10**9
     eval_len = {

@@ -39,8 +39,16 @@ LIBRARY_LOGGERS = ("accelerate", "lightning.pytorch", "lightning.fabric")
 STATE_FILE = "trainer_state.json"
 LOCK_FILE = ".lock"
 # keys a resumed run may change without being "another run"
-# (num_workers: a removed train key that run.yaml files written before still hold)
-RESUMABLE_CHANGES = {"max_steps", "log_every", "eval_every", "save_every", "keep_checkpoints", "num_workers"}
+# (num_workers: a removed train key that run.yaml files written before still hold; train_sample: what evals score)
+RESUMABLE_CHANGES = {
+    "max_steps",
+    "log_every",
+    "eval_every",
+    "save_every",
+    "keep_checkpoints",
+    "num_workers",
+    "train_sample",
+}
 
 
 def _strip_resumable(cfg: Any) -> Any:

@@ -208,3 +208,10 @@ def test_distill_summary_prints_top1_by_margin():
     assert "\n" not in entry.summary(
         DistillConfig(), {"step": 5, "eval": {"heldout": held}, "final_dir": "x"}
     )
+    seen = {"top1": 0.871, "tau_greedy": {4: 3.72}, "n_examples": 32}
+    text = entry.summary(
+        DistillConfig(), {"step": 5, "eval": {"heldout": held, "train_sample": seen}, "final_dir": "x"}
+    )
+    assert text.splitlines()[1] == (
+        "  on 32 training examples: top-1 0.871 (held-out 0.830), predicted greedy tau(k=4) 3.72 (held-out 3.30)"
+    )

@@ -71,6 +71,7 @@ def test_distill_reduced_vocab_writes_hf_draft_and_resumes(
     assert [e["step"] for e in evals] == [0, 2]
     for e in evals:
         held = e["heldout"]
+        assert "train_sample" not in e  # eval.train_sample is off by default
         assert (
             0 <= held["alpha"] <= 1
             and 0 <= held["top1"] <= 1
@@ -377,6 +378,43 @@ def test_mixed_sources_hold_out_from_the_first_only(tiny_dirs, gen_dir, tmp_path
             _cfg(tiny_dirs, gen_dir, tmp_path / "r3", f"data.source=[{gen_dir}, {text}]", "data.limit=[1]"),
             torch.device("cpu"),
         )
+
+
+def test_train_sample_is_scored_beside_heldout(tiny_dirs, gen_dir, tmp_path, tiny_tokenizer):
+    """eval.train_sample: a fixed sample of what the draft trains on, scored at every eval (the generalization gap)."""
+    from draftsmith.distill.recipe import setup
+
+    def ids(exs):
+        return [tuple(e.prompt_ids + e.response_ids) for e in exs]
+
+    out = tmp_path / "run"
+    cfg = _cfg(tiny_dirs, gen_dir, out, "eval.train_sample=4")
+    s = setup(cfg, torch.device("cpu"), tokenizer=tiny_tokenizer)
+    again = setup(cfg, torch.device("cpu"), target=s.target, tokenizer=tiny_tokenizer)
+    assert len(s.train_sample) == 4 and ids(s.train_sample) == ids(again.train_sample)
+    assert set(ids(s.train_sample)) <= set(ids(s.policy.examples))
+    assert not set(ids(s.train_sample)) & set(ids(s.eval_examples))
+    run_distill(
+        cfg, make_accelerator(cfg.train, cpu=True), target=s.target, tokenizer=tiny_tokenizer, progress=False
+    )
+    evals = [e for e in _events(out) if e["event"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 2]
+    n_tokens = sum(len(e.response_ids) for e in s.train_sample)
+    for e in evals:
+        seen = e["train_sample"]
+        assert seen["n_examples"] == 4 and seen["n_tokens"] == n_tokens and 0 <= seen["top1"] <= 1
+        assert e["heldout"]["n_examples"] == 3
+    # an eval setting: a resumed run may change it (a run.yaml written before the key existed resumes too)
+    more = _cfg(tiny_dirs, gen_dir, out, "eval.train_sample=2", "train.max_steps=3")
+    run_distill(more, make_accelerator(more.train, cpu=True), target=s.target, resume=True, progress=False)
+    assert _events(out)[-1]["train_sample"]["n_examples"] == 2
+    assert (
+        setup(_cfg(tiny_dirs, gen_dir, out), torch.device("cpu"), target=s.target).train_sample == []
+    )  # off
+    with pytest.raises(DraftsmithError, match="eval.train_sample=10 exceeds the 9 training examples"):
+        setup(_cfg(tiny_dirs, gen_dir, tmp_path / "big", "eval.train_sample=10"), torch.device("cpu"))
+    with pytest.raises(DraftsmithError, match="eval.train_sample must be >= 0"):
+        _cfg(tiny_dirs, gen_dir, tmp_path / "neg", "eval.train_sample=-1")
 
 
 def test_topk_scattered_into_draft_vocab_equals_restricting_the_full_logits():

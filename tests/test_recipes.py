@@ -93,6 +93,8 @@ def _tiny_overrides(tiny_dirs, gen_dir, out, cfg):
         ov.append(f"data.target_topk_file={out}-topk.safetensors")
     if cfg.model.vocab_size:
         ov.append("model.vocab_size=64")
+    if cfg.eval.train_sample:
+        ov.append("eval.train_sample=2")
     return ov
 
 

@@ -20,7 +20,24 @@ def summary(cfg: DistillConfig, res: dict) -> str:
     return (
         f"done: step {res['step']}, held-out alpha {held.get('alpha', float('nan')):.3f}, "
         f"top-1 {held.get('top1', float('nan')):.3f}, predicted tau(k={k}) {held.get(f'tau_k{k}') or float('nan'):.2f} "
-        f"-> {res['final_dir']}{_by_margin(held)}{_if_sure(held, k)}"
+        f"-> {res['final_dir']}{_by_margin(held)}{_if_sure(held, k)}{_seen(res['eval'], k)}"
+    )
+
+
+def _seen(evals: dict, k: int) -> str:
+    """The same on a sample of the training examples: does the draft learn what it is shown, and carry it over?"""
+    seen, held = evals.get("train_sample"), evals.get("heldout", {})
+    if not seen:
+        return ""
+    tau_seen, tau_held = (seen.get("tau_greedy") or {}).get(k), (held.get("tau_greedy") or {}).get(k)
+    taus = (
+        f", predicted greedy tau(k={k}) {tau_seen:.2f} (held-out {tau_held:.2f})"
+        if tau_seen and tau_held
+        else ""
+    )
+    return (
+        f"\n  on {seen['n_examples']} training examples: top-1 {seen['top1']:.3f} "
+        f"(held-out {held.get('top1', float('nan')):.3f}){taus}"
     )
 
 
