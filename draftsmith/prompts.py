@@ -6,6 +6,9 @@ Sources (`load_prompts(source)`):
                          from builtin:train: fixed text for trainers to have the target score (responses kept)
   - `builtin:dev-eval`   Vicuna-80 + HumanEval (164); `builtin:vicuna`, `builtin:humaneval` separately.
                          Evaluation only: never train on these.
+  - `shared:spec-bench-half[:CATEGORY]`  200 Spec-Bench prompts (translation, summarization, qa, math_reasoning,
+                         rag; long ones 500-1,000 tokens) kept beside the checkout, not shipped (shared_data_dir).
+                         Evaluation only, like dev-eval.
   - a local .json / .jsonl / .jsonl.gz / .parquet file
   - `hf:<dataset>[:<split>]` (or any non-path name) through `datasets.load_dataset`
 
@@ -34,6 +37,28 @@ BUILTIN = {
     "dev-eval": ["dev-eval/vicuna_bench/question.jsonl", "dev-eval/humaneval/HumanEval.jsonl.gz"],
 }
 EVAL_ONLY = {"vicuna", "humaneval", "dev-eval"}
+SHARED = {"spec-bench-half": "dev-eval/spec_bench_half/question.jsonl"}
+"""Evaluation sets read from shared_data_dir() (`shared:NAME`): every one is evaluation only."""
+
+
+def shared_data_dir() -> Path:
+    """$DRAFTSMITH_SHARED_DATA, else `shared/data` beside the checkout (a clean clone with shared/ next to it)."""
+    import os
+
+    env = os.environ.get("DRAFTSMITH_SHARED_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def _shared_file(name: str) -> Path:
+    if name not in SHARED:
+        raise DraftsmithError(f"unknown shared prompt set {name!r}; choose one of {sorted(SHARED)}")
+    path = shared_data_dir() / SHARED[name]
+    if not path.is_file():
+        raise DraftsmithError(
+            f"shared:{name} reads {path}, which is missing; put shared/ beside the checkout or set "
+            "DRAFTSMITH_SHARED_DATA to its data folder"
+        )
+    return path
 
 
 @dataclass
@@ -164,6 +189,10 @@ def load_prompts(source: str, limit: int | None = None, category: str | None = N
             raise DraftsmithError(f"unknown builtin prompt set {name!r}; choose one of {sorted(BUILTIN)}")
         for rel in BUILTIN[name]:
             recs += [(r, _category_for(rel)) for r in _read_records(_data_path(rel))]
+    elif source.startswith("shared:"):  # shared:NAME[:CATEGORY]
+        name, _, only = source.split(":", 1)[1].partition(":")
+        recs = [(r, name) for r in _read_records(_shared_file(name))]
+        category = category or only or None
     else:
         p = Path(source).expanduser()
         if p.exists():
@@ -210,7 +239,9 @@ def _content_key(prompt: Prompt) -> str:
 
 @lru_cache(maxsize=1)
 def _eval_keys() -> frozenset[str]:
-    return frozenset(_content_key(p) for name in sorted(EVAL_ONLY) for p in load_prompts(f"builtin:{name}"))
+    sources = [f"builtin:{name}" for name in sorted(EVAL_ONLY)]
+    sources += [f"shared:{name}" for name in sorted(SHARED) if (shared_data_dir() / SHARED[name]).is_file()]
+    return frozenset(_content_key(p) for source in sources for p in load_prompts(source))
 
 
 def eval_prompt_overlap(prompts: list[Prompt]) -> int:
@@ -225,6 +256,8 @@ def is_eval_source(source: str) -> bool:
     reformatted copy, a mix) is an evaluation source too."""
     if source.startswith("builtin:"):
         return source.split(":", 1)[1] in EVAL_ONLY
+    if source.startswith("shared:"):
+        return True
     path = Path(source).expanduser()
     if not path.is_file():
         return False
