@@ -10,7 +10,9 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.prompts import SHARED, is_eval_source, load_prompts, shared_data_dir
 
 HERE = shared_data_dir() / SHARED["spec-bench-half"]
-needs_data = pytest.mark.skipif(not HERE.is_file(), reason=f"{HERE} is absent (shared/ not beside the checkout)")
+needs_data = pytest.mark.skipif(
+    not HERE.is_file(), reason=f"{HERE} is absent (shared/ not beside the checkout)"
+)
 CATEGORIES = {"translation", "summarization", "qa", "math_reasoning", "rag"}
 
 
