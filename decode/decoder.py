@@ -97,6 +97,13 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         self._head_t = self._cpu_head() if not compile else None
+        self.reserved = 0  # static cache rows reserved for the run (reserve); 0 = sized per prompt
+
+    def reserve(self, tokens: int) -> None:
+        """The longest sequence the run decodes (prompt + new tokens + the widest verify block): static caches are
+        all this long, so prompts of any length up to it run the compiled step's graphs of the first (a new cache
+        length would compile again inside a request). No effect without a static cache."""
+        self.reserved = static_len(tokens) if self.static else 0
 
     @torch.inference_mode()
     def _cpu_head(self) -> torch.Tensor | None:
@@ -123,7 +130,7 @@ class SpeculativeDecoder:
     def _cache_len(self, tokens: int) -> int:
         """Rows of a cache for `tokens` tokens: static caches come in whole 256s (cache.static_len), so prompts of
         similar length (and decode.speed.measure_forward_costs) share the compiled step's shapes."""
-        return static_len(tokens) if self.static else tokens
+        return max(static_len(tokens), self.reserved) if self.static else tokens
 
     def _new_cache(self, max_len: int):
         from transformers import DynamicCache, StaticCache

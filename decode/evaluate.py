@@ -26,7 +26,7 @@ from draftsmith.prompts import Prompt
 from .batching import PLAIN, measure_batches
 from .decoder import GenerationResult, SpeculativeDecoder
 from .metrics import summarize
-from .proposer import Proposer
+from .proposer import Proposer, proposal_nodes
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ def measure(
     if PLAIN in names or len(set(names)) != len(names):
         raise ValueError(f"drafter names must be unique and not {PLAIN!r}: {names}")
     methods: list[NamedDrafter | None] = [None, *drafters]  # None: plain decoding
+    reserve(decoder, drafters, encoded, settings.max_new_tokens)
     _warm_up(decoder, methods, encoded[0], settings)
     runs: dict[str, list[GenerationResult]] = {PLAIN: [], **{n: [] for n in names}}
     from tqdm.auto import tqdm
@@ -100,9 +101,27 @@ def _generate(
     )
 
 
+def reserve(
+    decoder, drafters: Sequence[NamedDrafter], encoded: list[torch.Tensor], max_new_tokens: int
+) -> None:
+    """Size every static buffer of the run once, for its longest prompt (`encoded`: [1, T] each): the compiled
+    target's caches and a compiled draft's (their `reserve`), so that no prompt compiles a step for new buffer
+    lengths inside its measured time."""
+    longest = max(ids.shape[-1] for ids in encoded) + max_new_tokens + 1
+    nodes = max((proposal_nodes(d.proposer, d.k) for d in drafters), default=0)
+    decoder.reserve(longest + nodes)
+    for d in drafters:
+        if hasattr(d.proposer, "reserve"):
+            d.proposer.reserve(longest + d.k)
+
+
 def _warm_up(decoder, methods, ids, settings: EvalSettings) -> None:
-    """Allocator, kernels, caches: one short run of every method, excluded from every number."""
+    """Allocator, kernels, caches, compiled graphs: every drafter's own warm-up (a compiled draft compiles its
+    steps), then one short run of every method, excluded from every number."""
     n = min(settings.warmup_tokens, settings.max_new_tokens)
+    for m in methods:
+        if m is not None and hasattr(m.proposer, "warm_up"):
+            m.proposer.warm_up()
     for m in methods:
         _generate(decoder, m, ids, settings, seed=settings.seed, max_new_tokens=n)
 
