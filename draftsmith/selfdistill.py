@@ -11,6 +11,11 @@ Each shard is written under a tmp name then renamed, and the manifest is rewritt
 leaves only complete shards; rerunning the same command skips the ids already present and continues.
 Response ids end with the eos token when the target stopped (finish="stop"), so a draft learns to stop too.
 Token ids (not text) are stored because re-tokenising decoded text does not give back the same ids.
+
+Two engines answer: the target loaded here with transformers' generate (default), or any OpenAI-compatible server
+(`server=URL`: llama.cpp's llama-server, vLLM, SGLang; `server="auto"` starts the pinned llama.cpp for a GGUF target),
+several requests in flight (draftsmith.serving). The manifest records which (`engine`): one folder is never filled by
+both, since their greedy answers part at the quantized kernels' near-ties.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +33,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import check_output_dir, write_json, write_text
 from draftsmith.models import eos_token_ids
 from draftsmith.sampling import SamplingParams
+from draftsmith.serving import ServerClient
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +86,9 @@ def generate_dataset(
     dtype: str | None = None,
     progress: bool = True,
     for_eval: bool = False,
+    server: str | None = None,
+    served_model: str | None = None,
+    parallel: int = 4,
 ) -> Path:
     """Have `target` answer the prompts in `prompts` (a source for draftsmith.prompts.load_prompts, or a list of
     Prompt) and write a resumable token-id dataset to `out_dir`: settings checked against an existing folder,
@@ -86,7 +96,11 @@ def generate_dataset(
 
     sampling: decode-time warping (default greedy). `model`/`tokenizer` skip loading `target` (it is still
     recorded). Evaluation sets are refused unless `for_eval` (reference answers for measuring, never training; the
-    manifest records the flag and trainers refuse such folders)."""
+    manifest records the flag and trainers refuse such folders).
+
+    server: answer through an OpenAI-compatible server at this URL instead of loading `target` (its tokenizer and
+    config still come from `target`), `parallel` requests at once; "auto" starts llama.cpp's llama-server for a GGUF
+    or embedded target. served_model: the server's id of the target's model (default: the one it serves)."""
     from draftsmith import models
     from draftsmith.prompts import check_limit, is_eval_source, load_prompts
 
@@ -97,8 +111,12 @@ def generate_dataset(
             f"{prompts} is or holds an evaluation set (its prompts match builtin:dev-eval's); generate training "
             "data from other prompts (e.g. builtin:train)"
         )
-    if max_new_tokens < 1 or batch_size < 1 or shard_size < 1:
-        raise DraftsmithError("max_new_tokens, batch_size and shard_size must be >= 1")
+    if max_new_tokens < 1 or batch_size < 1 or shard_size < 1 or parallel < 1:
+        raise DraftsmithError("max_new_tokens, batch_size, shard_size and parallel must be >= 1")
+    if server is not None and model is not None:
+        raise DraftsmithError("pass a loaded model or a server, not both")
+    gguf = _auto_server_gguf(target) if server == "auto" else None
+    client = ServerClient(server, served_model) if server not in (None, "auto") else None
     check_limit(limit)
     device = models.parse_device(device) if model is None else device
     out = check_output_dir(out_dir)  # before any model loads (a rerun into the same folder resumes)
@@ -113,15 +131,28 @@ def generate_dataset(
         "top_k": sampling.top_k,
         "seed": seed,
         "max_prompt_tokens": max_prompt_tokens,
+        "engine": "transformers" if server is None else "server",
     }
+    if (
+        client is not None
+    ):  # a server that is down or serves another model is refused before anything is written
+        settings["served_model"] = client.check_model(str(target))
+    elif gguf is not None:
+        settings["served_model"] = str(target)
     manifest = _check_existing(out, settings)
     plist = load_prompts(prompts, limit=limit) if isinstance(prompts, str) else list(prompts)[:limit]
     if not plist:
         raise DraftsmithError("the prompt list is empty; pass at least one prompt")
     tokenizer = tokenizer or models.load_tokenizer(target)
-    model = model or models.load_model(target, dtype=dtype, device=device, inference=True)
+    if server is None:
+        model = model or models.load_model(target, dtype=dtype, device=device, inference=True)
+        config, eos = model.config, eos_token_ids(model, tokenizer, required=True)
+    else:  # the server holds the weights: config and end-of-sequence ids only
+        config = models.load_config(target)
+        eos = eos_token_ids(_ConfigOnly(config), tokenizer, required=True)
     done = {row["id"] for row in _iter_rows(out, manifest)} if manifest else set()
-    todo = _select_prompts(plist, done, tokenizer, model, max_new_tokens, skip_long, max_prompt_tokens)
+    ctx = getattr(config, "max_position_embeddings", None)
+    todo = _select_prompts(plist, done, tokenizer, ctx, max_new_tokens, skip_long, max_prompt_tokens)
     manifest = manifest or {
         "format": FORMAT,
         "settings": settings,
@@ -134,43 +165,80 @@ def generate_dataset(
     if not todo:
         log.info("%s: all %d prompts already answered", out, len(plist))
         return out
-    _answer(
-        model,
-        tokenizer,
-        todo,
-        out,
-        manifest,
-        max_new_tokens,
-        sampling,
-        seed,
-        batch_size,
-        shard_size,
-        progress,
-    )
+    todo = sorted(todo, key=lambda t: len(t[2]))  # similar lengths per batch: less left padding
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(todo), desc="generate", unit="prompt", disable=not progress)
+    t0 = time.perf_counter()
+    if server is None:
+        rows = _answer_local(model, tokenizer, todo, eos, max_new_tokens, sampling, seed, batch_size, bar)
+        n_tokens = _write_rows(out, manifest, rows, shard_size)
+    elif client is not None:
+        manifest["server"] = {"engine": "openai-compatible", "url": client.base}
+        rows = _answer_server(client, settings["served_model"], todo, eos, max_new_tokens, sampling, seed,
+                              parallel, bar)  # fmt: skip
+        n_tokens = _write_rows(out, manifest, rows, shard_size)
+    else:
+        from draftsmith.llamacpp import LlamaServer, build_info
+
+        slot_ctx = max(len(ids) for _, _, ids in todo) + max_new_tokens + 8
+        with LlamaServer(gguf, alias=str(target), parallel=parallel, context=slot_ctx) as srv:
+            manifest["server"] = {"engine": "llama.cpp", "build": build_info(), "gguf": str(gguf)}
+            client = ServerClient(srv.url, str(target))
+            rows = _answer_server(
+                client, str(target), todo, eos, max_new_tokens, sampling, seed, parallel, bar
+            )
+            n_tokens = _write_rows(out, manifest, rows, shard_size)
+    bar.close()
+    rate = n_tokens / (time.perf_counter() - t0)
+    log.info("generated %d responses, %d tokens (%.0f tok/s) into %s", len(todo), n_tokens, rate, out)
     return out
+
+
+class _ConfigOnly:
+    """Stands in for a model where only its config is loaded: eos_token_ids reads generation_config."""
+
+    def __init__(self, config):
+        from transformers import GenerationConfig
+
+        self.config = config
+        self.generation_config = GenerationConfig.from_model_config(config)
+
+
+def _auto_server_gguf(target: str) -> Path:
+    """The GGUF file llama-server loads for `target` with server="auto"; refused (before any work) when `target` is
+    not a GGUF or embedded model, or when llama.cpp is not built."""
+    from draftsmith import llamacpp, models
+
+    ref = models.resolve(target)
+    if ref.kind != "gguf":
+        raise DraftsmithError(
+            f"--server auto starts llama.cpp, which loads GGUF files; {target} is not one: pass a .gguf or "
+            "embedded target, or start a server for it and pass --server URL"
+        )
+    llamacpp.binary("llama-server")
+    return Path(ref.path) / ref.gguf_file
 
 
 def _check_existing(out: Path, settings: dict) -> dict | None:
     """The manifest of an earlier run in `out` (None if new); refused when made with other settings. `limit` may
     grow between runs: a larger limit extends the dataset with the prompts not yet answered."""
     manifest = _read_manifest(out)
-    differs = [
-        k
-        for k in settings
-        if k != "limit" and manifest is not None and manifest["settings"].get(k) != settings[k]
-    ]
+    earlier = {
+        "engine": "transformers",
+        **(manifest or {}).get("settings", {}),
+    }  # folders from before engines
+    differs = [k for k in settings if k != "limit" and manifest is not None and earlier.get(k) != settings[k]]
     if differs:  # (a key missing from an older manifest reads as None, the default)
         diff = differs[0]
         raise DraftsmithError(
-            f"{out} holds data generated with other settings ({diff}: {manifest['settings'].get(diff)!r} vs "
+            f"{out} holds data generated with other settings ({diff}: {earlier.get(diff)!r} vs "
             f"{settings[diff]!r}); use another --out"
         )
     return manifest
 
 
-def _select_prompts(
-    plist, done, tokenizer, model, max_new_tokens, skip_long, max_prompt_tokens
-) -> list[tuple]:
+def _select_prompts(plist, done, tokenizer, ctx, max_new_tokens, skip_long, max_prompt_tokens) -> list[tuple]:
     """(key, prompt, prompt ids) still to answer: not answered before, fitting the context (or skipped with
     skip_long) and max_prompt_tokens. Refuses a run where every prompt would be skipped."""
     from draftsmith.prompts import prompt_ids
@@ -178,7 +246,6 @@ def _select_prompts(
     keys = [p.id for p in plist]
     if len(set(keys)) != len(keys):  # ids must be unique to resume; fall back to positions
         keys = [str(i) for i in range(len(plist))]
-    ctx = getattr(model.config, "max_position_embeddings", None)
     todo = []
     for key, p in zip(keys, plist):
         if key in done:
@@ -202,14 +269,8 @@ def _select_prompts(
     return todo
 
 
-def _answer(
-    model, tokenizer, todo, out, manifest, max_new_tokens, sampling, seed, batch_size, shard_size, progress
-):
-    """Answer `todo` in length-sorted batches with model.generate; every `shard_size` rows go to a new shard."""
-    from tqdm.auto import tqdm
-
-    todo = sorted(todo, key=lambda t: len(t[2]))  # similar lengths per batch: less left padding
-    eos = eos_token_ids(model, tokenizer, required=True)
+def _answer_local(model, tokenizer, todo, eos, max_new_tokens, sampling, seed, batch_size, bar):
+    """Rows for `todo`, answered in batches with model.generate (one list of rows per batch)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     gen = torch.Generator(device="cpu").manual_seed(seed)
     dev = next(model.parameters()).device
@@ -217,10 +278,7 @@ def _answer(
     if not sampling.greedy:
         kw = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
               "top_k": sampling.top_k or None}  # fmt: skip
-    buffer: list[dict] = []
-    bar = tqdm(total=len(todo), desc="generate", unit="prompt", disable=not progress)
     streamer = _TokenCounter(bar, eos)
-    n_tokens, t0 = 0, time.perf_counter()
     for b in range(0, len(todo), batch_size):
         chunk = todo[b : b + batch_size]
         input_ids, attn = left_pad([ids for _, _, ids in chunk], pad)
@@ -232,22 +290,78 @@ def _answer(
                 max_new_tokens=max_new_tokens,
                 eos_token_id=eos,
                 pad_token_id=pad,
-                streamer=streamer if progress else None,
+                streamer=streamer if not bar.disable else None,
                 **kw,
             )
+        rows = []
         for r, (key, p, ids) in enumerate(chunk):
             resp, finish = _cut_at_eos(seqs[r, input_ids.shape[1] :].tolist(), eos)
-            n_tokens += len(resp)
-            buffer.append(
-                {"id": key, "category": p.category, "prompt_ids": ids, "response_ids": resp, "finish": finish}
-            )
+            rows.append(_row(key, p, ids, resp, finish))
         bar.update(len(chunk))
-        if len(buffer) >= shard_size or b + batch_size >= len(todo):
+        yield rows
+
+
+def _answer_server(client, served_model, todo, eos, max_new_tokens, sampling, seed, parallel, bar):
+    """Rows for `todo`, answered by the server with `parallel` requests in flight; yielded in `todo` order (so
+    shards do not depend on which request finished first). A failed request stops the run after the rows before it
+    are yielded; the requests still queued are cancelled."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0, n_tokens = time.perf_counter(), 0
+
+    def ask(item):
+        key, _, ids = item
+        # a per-prompt seed: sampled answers do not depend on the order requests finish in
+        return client.complete(ids, max_new_tokens, sampling, _prompt_seed(seed, key), served_model)
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = [pool.submit(ask, item) for item in todo]
+        try:
+            for (key, p, ids), fut in zip(todo, futures):
+                done = fut.result()
+                resp, finish = _cut_at_eos(done.ids, eos)
+                if done.finish == "stop" and finish != "stop":  # the server drops the end-of-sequence token
+                    resp, finish = resp + [eos[0]], "stop"
+                n_tokens += len(resp)
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - t0):.0f}", refresh=False)
+                yield [_row(key, p, ids, resp, finish)]
+        finally:
+            for fut in futures:
+                fut.cancel()
+
+
+def _prompt_seed(seed: int, key: str) -> int:
+    return zlib.crc32(f"{seed}:{key}".encode()) & 0x7FFFFFFF
+
+
+def _row(key, prompt, prompt_ids, resp, finish) -> dict:
+    return {
+        "id": key,
+        "category": prompt.category,
+        "prompt_ids": prompt_ids,
+        "response_ids": resp,
+        "finish": finish,
+    }
+
+
+def _write_rows(out: Path, manifest: dict, batches, shard_size: int) -> int:
+    """Write the rows `batches` yields into shards of `shard_size` rows; returns the answer tokens written. If
+    answering fails (a server error, Ctrl-C), the rows answered so far are still written as a shard before the error
+    goes on: a rerun of the same command resumes after them."""
+    buffer: list[dict] = []
+    n_tokens = 0
+    try:
+        for rows in batches:
+            buffer += rows
+            n_tokens += sum(len(r["response_ids"]) for r in rows)
+            if len(buffer) >= shard_size:
+                _flush(out, manifest, buffer)
+                buffer = []
+    finally:
+        if buffer:
             _flush(out, manifest, buffer)
-            buffer = []
-    bar.close()
-    rate = n_tokens / (time.perf_counter() - t0)
-    log.info("generated %d responses, %d tokens (%.0f tok/s) into %s", len(todo), n_tokens, rate, out)
+    return n_tokens
 
 
 def _cut_at_eos(resp: list[int], eos: list[int]) -> tuple[list[int], str]:

@@ -1,5 +1,8 @@
 """`draftsmith generate`: have a target answer prompts; write a resumable token-id dataset
-(draftsmith.selfdistill does the work).
+(draftsmith.selfdistill does the work), with the target loaded here or through a server:
+
+    draftsmith generate --target qwen2.5-coder-1.5b --prompts builtin:train --out data/gen --server auto
+    draftsmith generate --target Qwen/Qwen2.5-7B-Instruct --out data/gen --server http://127.0.0.1:8000
 """
 
 from __future__ import annotations
@@ -35,6 +38,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-prompt-tokens", type=int, default=None, help="skip prompts longer than this (tokens)"
     )
+    p.add_argument(
+        "--server",
+        default=None,
+        metavar="URL|auto",
+        help="answer through an OpenAI-compatible server (llama.cpp's llama-server, vLLM, SGLang) instead of "
+        "loading the target here; 'auto' starts the pinned llama.cpp for a .gguf or embedded target "
+        "(WITH_LLAMACPP=1 bash scripts/setup.sh builds it)",
+    )
+    p.add_argument(
+        "--served-model", default=None, help="with --server URL: the server's id of the target's model"
+    )
+    p.add_argument(
+        "--parallel", type=int, default=4, help="with --server: requests in flight (server slots for auto)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None)
     p.add_argument(
@@ -59,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         device=args.device,
         dtype=args.dtype,
+        server=args.server,
+        served_model=args.served_model,
+        parallel=args.parallel,
     )
     man = json.loads((out / MANIFEST).read_text())
     print(f"{out}: {man['n_rows']} rows in {len(man['shards'])} shards")

@@ -1,0 +1,104 @@
+"""`draftsmith generate --server`: answers through an OpenAI-compatible server equal the local greedy answers; a
+server that is down, serves another model, returns no ids or fails mid-run is one line, and a rerun resumes."""
+
+import json
+
+import pytest
+
+from draftsmith.app.cli import main
+from draftsmith.errors import DraftsmithError
+from draftsmith.selfdistill import generate_dataset, load_generated
+from draftsmith.testserver import StandInServer
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    f = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": f"Question {i}: what is {i} times {i + 1}?", "category": "math"} for i in range(9)]
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    return str(f)
+
+
+@pytest.fixture(scope="module")
+def target_model(tiny_dirs):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_dirs["target"]).eval()
+
+
+def _gen(tiny_dirs, prompts, out, **kw):
+    kw = {"max_new_tokens": 10, "shard_size": 3, "progress": False, **kw}
+    return generate_dataset(tiny_dirs["target"], prompts, out, **kw)
+
+
+def _rows(out):
+    return {r["id"]: (r["prompt_ids"], r["response_ids"], r["finish"]) for r in load_generated(out)}
+
+
+@pytest.mark.parametrize("ids", ["logprobs", "token_ids"])
+def test_server_answers_equal_local_greedy(tiny_dirs, prompt_file, tmp_path, target_model, ids):
+    local = _rows(_gen(tiny_dirs, prompt_file, tmp_path / "local", batch_size=1))
+    with StandInServer(target_model, ids=ids) as srv:
+        out = _gen(tiny_dirs, prompt_file, tmp_path / "server", server=srv.url, parallel=3)
+    assert _rows(out) == local  # ids, eos handling (kept by vLLM, dropped by llama.cpp) and finish alike
+    assert any(f == "stop" for _, _, f in local.values()) and any(f == "length" for _, _, f in local.values())
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["settings"]["engine"] == "server" and man["settings"]["served_model"] == "stand-in"
+    assert man["server"]["url"] == srv.url and man["n_rows"] == 9
+
+
+def test_server_failure_mid_run_keeps_answers_and_resumes(tiny_dirs, prompt_file, tmp_path, target_model):
+    out = tmp_path / "gen"
+    with StandInServer(target_model, fail_after=5) as srv:
+        with pytest.raises(DraftsmithError, match="HTTP 500.*rerun the same command to resume"):
+            _gen(tiny_dirs, prompt_file, out, server=srv.url, parallel=1)
+    kept = load_generated(out)
+    assert len(kept) == 5  # the answers before the failure are written, in whole shards
+    with StandInServer(target_model) as srv:
+        _gen(tiny_dirs, prompt_file, out, server=srv.url, parallel=2)
+    with StandInServer(target_model) as srv:
+        whole = _gen(tiny_dirs, prompt_file, tmp_path / "whole", server=srv.url)
+    assert _rows(out) == _rows(whole)
+    assert len(load_generated(out)) == 9  # nothing answered twice
+
+
+def test_server_refusals_write_nothing(tiny_dirs, prompt_file, tmp_path, target_model):
+    from draftsmith.llamacpp import free_port
+
+    down = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(DraftsmithError, match="not reachable"):
+        _gen(tiny_dirs, prompt_file, tmp_path / "a", server=down)
+    with StandInServer(target_model, model_id="some-other-model") as srv:
+        with pytest.raises(DraftsmithError, match="serves .*some-other-model.*not 'mine'"):
+            _gen(tiny_dirs, prompt_file, tmp_path / "b", server=srv.url, served_model="mine")
+    with StandInServer(target_model, ids="none") as srv:
+        with pytest.raises(DraftsmithError, match="returns no token ids"):
+            _gen(tiny_dirs, prompt_file, tmp_path / "c", server=srv.url)
+    with pytest.raises(DraftsmithError, match="not an http"):
+        _gen(tiny_dirs, prompt_file, tmp_path / "d", server="localhost:8080")
+    with pytest.raises(DraftsmithError, match="parallel"):
+        _gen(tiny_dirs, prompt_file, tmp_path / "e", server=down, parallel=0)
+    with pytest.raises(DraftsmithError, match="loads GGUF files"):
+        _gen(tiny_dirs, prompt_file, tmp_path / "f", server="auto")
+    # the "no ids" run met its failure at the first answer: its folder holds a manifest and no rows
+    assert not any((tmp_path / n).exists() for n in "abdef")
+
+
+def test_server_and_local_data_never_mix(tiny_dirs, prompt_file, tmp_path, target_model):
+    out = tmp_path / "gen"
+    _gen(tiny_dirs, prompt_file, out, limit=3)
+    with StandInServer(target_model) as srv:
+        with pytest.raises(DraftsmithError, match="other settings \\(engine"):
+            _gen(tiny_dirs, prompt_file, out, server=srv.url)
+
+
+def test_generate_cli_server(tiny_dirs, prompt_file, tmp_path, target_model, capsys):
+    out = tmp_path / "gen"
+    with StandInServer(target_model) as srv:
+        rc = main(["generate", "--target", tiny_dirs["target"], "--prompts", prompt_file, "--out", str(out),
+                   "--max-new-tokens", "6", "--server", srv.url, "--parallel", "2"])  # fmt: skip
+    assert rc == 0 and "9 rows" in capsys.readouterr().out
+    rc = main(["generate", "--target", tiny_dirs["target"], "--prompts", prompt_file, "--out", str(tmp_path / "x"),
+               "--server", "http://127.0.0.1:1"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and "\n" not in err and not (tmp_path / "x").exists()
