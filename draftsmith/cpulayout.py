@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import time
@@ -63,6 +64,8 @@ from torch import nn
 from draftsmith import cpukernels
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import cache_dir, write_json
+
+log = logging.getLogger(__name__)
 
 ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 """Row counts measured; a count between two of them takes the decision of the lower one, above 64 the one of 64
@@ -323,25 +326,40 @@ def _shape_key(in_features: int, out_features: int, dtype: torch.dtype) -> str:
     return f"{in_features}x{out_features}/{str(dtype).removeprefix('torch.')}"
 
 
-def _read_kept() -> dict:
-    """The kept plans of this machine (shape key -> entry); {} where there are none or the file is unreadable."""
+_SAID: set[str] = set()
+"""Damaged plan files this process has said it discards."""
+
+
+def _read_kept(say: bool = False) -> dict:
+    """The kept plans of this machine (shape key -> entry); {} where there are none or the file is unreadable
+    (`say`: with one line saying the damaged file is discarded; the plans are measured again and the file
+    rewritten)."""
+    path = plans_file()
     try:
-        kept = json.loads(plans_file().read_text())
-        return (
-            kept["plans"] if kept.get("machine") == machine() and isinstance(kept.get("plans"), dict) else {}
-        )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        kept = json.loads(path.read_text())
+        if not isinstance(kept, dict) or not isinstance(kept.get("plans"), dict):
+            raise ValueError("no 'plans' object")
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        if say and str(path) not in _SAID:  # once per process, not once per shape
+            _SAID.add(str(path))
+            log.warning("cpu layout: discarded the damaged plan cache %s (%s); measuring again", path, e)
+        return {}
+    return kept["plans"] if kept.get("machine") == machine() else {}
 
 
 def _kept_plan(entry, dtype: torch.dtype, in_features: int) -> Plan | None:
-    """A kept entry as a Plan, or None where it does not make one this process can run."""
+    """A kept entry as a Plan, or None where it does not make one this process can run (a kernel this torch lacks,
+    or an entry that is not a plan at all: the cache file is the user's to damage)."""
     try:
         plan = Plan(
             entry["layout"], {int(r): k for r, k in entry["kernel_of"].items()}, float(entry["saving"])
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
+    if not isinstance(plan.layout, str) or not all(isinstance(k, str) for k in plan.kernel_of.values()):
+        return None  # a list or a number where a name should be
     usable = _candidates(dtype, in_features)
     ok = plan.layout in DEFAULT and all(r in ROWS and k in usable for r, k in plan.kernel_of.items())
     return plan if ok else None
@@ -390,8 +408,11 @@ def measure_shape(in_features: int, out_features: int, dtype: torch.dtype) -> Pl
     if key in _DECISIONS:
         return _DECISIONS[key]
     name = _shape_key(*key)
-    entry = None if mode() == "retune" else _read_kept().get(name)
+    entry = None if mode() == "retune" else _read_kept(say=True).get(name)
     plan = _kept_plan(entry, dtype, in_features)
+    if entry is not None and plan is None:
+        log.warning("cpu layout: discarded the kept plan of %s in %s (not a plan this process can run); "
+                    "measuring it again", name, plans_file())  # fmt: skip
     _ORIGIN[key] = "kept"
     if plan is not None:
         _MEDIANS[key] = _kept_medians(entry)

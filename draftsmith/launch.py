@@ -21,11 +21,11 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from draftsmith.config import load_config
-from draftsmith.errors import DraftsmithError
+from draftsmith.errors import DraftsmithError, OneLineArgumentParser
 
 
 def _parser(description: str, recipe_hint: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description)
+    parser = OneLineArgumentParser(description=description)
     parser.add_argument("--config", help=f"recipe YAML ({recipe_hint}); omitted = defaults")
     parser.add_argument(
         "--resume", action="store_true", help="continue from the newest checkpoint in output_dir"
@@ -79,6 +79,9 @@ def train_main(
     defer_deepspeed()  # imported by the ZeRO engines that use it, not by every checkpoint save (draftsmith.deferred)
     accelerator = None
     try:
+        from draftsmith import cpulayout
+
+        cpulayout.mode()  # the environment's switches are checked before any recipe loads or writes
         cfg = load_config(config_cls, args.config, args.overrides)
         accelerator = make_engine(args, cfg.train)
         result = run_fn(

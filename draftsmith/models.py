@@ -223,11 +223,33 @@ def _gguf_cache(ref: ModelRef) -> Path:
     return cache_dir() / "gguf" / f"{Path(ref.gguf_file).stem}-{key}"
 
 
+def _damage(weights: Path) -> str | None:
+    """Why a cached safetensors file cannot be read (its header does not cover the file), or None: whole or absent."""
+    from safetensors import SafetensorError, safe_open
+
+    if not weights.is_file():
+        return None
+    try:
+        with safe_open(str(weights), framework="pt"):
+            return None
+    except (SafetensorError, OSError) as e:
+        return str(e).splitlines()[0][:100] if str(e) else type(e).__name__
+
+
 def materialize(ref: ModelRef) -> ModelRef:
     """For a GGUF ref, return a 'dir' ref to its dequantized safetensors copy, creating it once."""
     if ref.kind != "gguf":
         return ref
     out = _gguf_cache(ref)
+    damage = _damage(out / "model.safetensors")
+    if damage is not None:  # a cache is ours to rebuild: one line, then the GGUF is dequantized again
+        log.warning(
+            "discarded the damaged dequantized copy %s (%s); dequantizing %s again",
+            out,
+            damage,
+            ref.gguf_file,
+        )
+        shutil.rmtree(out, ignore_errors=True)
     if not (out / "model.safetensors").is_file():
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -337,9 +359,19 @@ def _parse_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch
 
 
 def _hub_error(ref: ModelRef, e: Exception) -> DraftsmithError:
+    why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+    if ref.kind == "gguf":  # a local file: the network has nothing to do with it
+        return DraftsmithError(
+            f"could not read the GGUF file {Path(ref.path) / ref.gguf_file} ({why}); it is truncated or not a "
+            "GGUF model: download it again or pass another model"
+        )
+    if ref.kind == "dir":
+        return DraftsmithError(
+            f"could not load the model folder {ref.path} ({why}); check its config.json and weights, or re-save "
+            "it with save_pretrained"
+        )
     return DraftsmithError(
-        f"could not load {ref.path!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
-        "check the id/path, your network or HF_TOKEN, or pass a local folder"
+        f"could not load {ref.path!r} ({why}); check the id/path, your network or HF_TOKEN, or pass a local folder"
     )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -89,19 +90,40 @@ def builtin_file(source: str) -> Path | None:
     return _data_path(BUILTIN[name][0])
 
 
+def _is_jsonl(path: Path) -> bool:
+    return path.name.endswith((".jsonl", ".jsonl.gz"))
+
+
 def _read_records(path: Path) -> list[Any]:
     name = path.name
     try:
         if name.endswith(".parquet"):
             import pyarrow.parquet as pq
 
-            return pq.read_table(path).to_pylist()
+            try:
+                return pq.read_table(path).to_pylist()
+            except (ValueError, OSError) as e:  # pyarrow's ArrowInvalid (a ValueError): not a parquet file
+                raise DraftsmithError(
+                    f"prompt file {path} is not a readable parquet file ({type(e).__name__}: "
+                    f"{str(e).split('. ')[0][:160]}); check the file or convert it to .jsonl"
+                ) from None
         opener = gzip.open if name.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as f:
-            if name.endswith((".jsonl", ".jsonl.gz")):
-                return [json.loads(line) for line in f if line.strip()]
+            if _is_jsonl(path):
+                records = []
+                for n, line in enumerate(f, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise DraftsmithError(
+                            f"prompt file {path} line {n} is not valid JSON ({e.msg} at column {e.colno}); "
+                            "fix or remove that line"
+                        ) from None
+                return records
             data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
         raise DraftsmithError(
             f"prompt file {path} could not be read ({type(e).__name__}: {e}); check its format"
         ) from None
@@ -110,7 +132,17 @@ def _read_records(path: Path) -> list[Any]:
             if isinstance(data.get(key), list):
                 return data[key]
         raise DraftsmithError(f"prompt file {path}: a JSON object needs a list under 'data' or 'prompts'")
+    if not isinstance(data, list):  # a bare string would be read as one prompt per character
+        raise DraftsmithError(
+            f"prompt file {path} holds a JSON {_json_type(data)}, not a list of records; write a list "
+            '(["first prompt", {"prompt": "second"}]) or an object with the list under "data" or "prompts"'
+        )
     return data
+
+
+def _json_type(value: Any) -> str:
+    names = {str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _role(msg: dict) -> str:
@@ -164,7 +196,21 @@ def unusable_record(source: Any, i: int, rec: Any, missing: str) -> DraftsmithEr
         if isinstance(rec, dict)
         else f"it is a {type(rec).__name__}"
     )
-    return DraftsmithError(f"{source}: record {i + 1} has no {missing}; {holds}; fix or remove that record")
+    return DraftsmithError(
+        f"{source}: record {i + 1} has no {missing}; {holds}; fix or remove that record{_line_of(source, i)}"
+    )
+
+
+def _line_of(source: Any, i: int) -> str:
+    """The suffix " (line N of the file)" for record `i` (0-based) of a .jsonl file, where blank lines (skipped when reading)
+    put the record on a later line than i + 1; "" for other sources."""
+    path = Path(str(source)).expanduser()
+    if not (_is_jsonl(path) and path.is_file()):
+        return ""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        lines = (n for n, line in enumerate(f, start=1) if line.strip())
+        return f" (line {next(itertools.islice(lines, i, None), i + 1)} of the file)"
 
 
 def _category_for(rel: str) -> str:
@@ -280,6 +326,13 @@ def prompt_ids(tokenizer, prompt: Prompt, max_length: int | None = None) -> list
     else:
         ids = tokenizer(prompt.text)["input_ids"]
     ids = list(ids)
+    # the new tokens alone fill the context: no prompt is at fault, however short
+    if max_length is not None and max_length < 1:
+        raise DraftsmithError(
+            f"the new tokens asked for fill the model's context: no room is left for prompt {prompt.id!r} (not "
+            f"even its first token; {1 - max_length} positions short); lower max_new_tokens (and k, the draft "
+            "length, where drafting)"
+        )
     if max_length is not None and len(ids) > max_length:
         raise DraftsmithError(
             f"prompt {prompt.id!r} is {len(ids)} tokens but only {max_length} fit the context; "

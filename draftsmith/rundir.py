@@ -88,6 +88,11 @@ def check_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, ov
     """Refuse (DraftsmithError) unless `out_dir` is ours to write: free, the same run with --resume, or --overwrite.
     Reads only."""
     out = Path(out_dir)
+    if resume and overwrite:  # --overwrite would delete the very checkpoints --resume continues from
+        raise DraftsmithError(
+            "--resume and --overwrite contradict each other (--overwrite deletes the run --resume continues); "
+            "pass --resume to continue the run in output_dir, or --overwrite to start it again"
+        )
     holder = lock_holder(out)
     if holder:
         raise DraftsmithError(
@@ -111,6 +116,41 @@ def check_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, ov
         raise DraftsmithError(
             f"{out} already holds this run; pass --resume to continue it or --overwrite to restart"
         )
+    ckpts = list_checkpoints(out)
+    if ckpts:  # a damaged checkpoint is refused now, before the caller loads any weights for it
+        read_checkpoint_state(ckpts[-1])
+        check_checkpoint_files(ckpts[-1])
+
+
+TORCH_FILES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+
+
+def check_checkpoint_files(ckpt: Path) -> None:
+    """Every weight, optimizer and RNG file of a checkpoint is whole, from headers alone: a safetensors header
+    covering its file, a torch zip archive with its central directory, a legacy torch pickle starting as one. What
+    the files hold (shapes, the step their RNG state belongs to) is checked as they load."""
+    import zipfile
+
+    from safetensors import SafetensorError, safe_open
+
+    for f in sorted(p for p in ckpt.rglob("*") if p.is_file()):
+        try:
+            if f.suffix == ".safetensors":
+                with safe_open(str(f), framework="pt"):
+                    pass
+            elif f.suffix in TORCH_FILES:
+                with f.open("rb") as fh:
+                    head = fh.read(4)
+                if head.startswith(b"PK"):
+                    zipfile.ZipFile(f).close()  # a truncated archive has lost its central directory
+                elif not head.startswith(b"\x80"):  # neither torch.save's zip nor a pickle's protocol mark
+                    raise ValueError("neither a torch archive nor a pickle")
+        except (SafetensorError, OSError, ValueError, zipfile.BadZipFile) as e:
+            detail = str(e).splitlines()[0][:100] if str(e) else type(e).__name__
+            raise DraftsmithError(
+                f"checkpoint {ckpt}: {f.relative_to(ckpt)} is corrupt or truncated ({detail}); delete the "
+                "checkpoint to resume from the previous one"
+            ) from None
 
 
 def claim_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, overwrite: bool) -> TextIO:

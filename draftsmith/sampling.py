@@ -14,6 +14,10 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 
+MIN_TEMPERATURE = 1e-4
+"""The smallest temperature > 0: far below it float32 logits / T overflow to inf (then nan probabilities), and at it
+the draw is already the argmax unless two logits lie within a few T of each other; 0 is greedy."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -25,6 +29,11 @@ class SamplingParams:
         if not math.isfinite(self.temperature) or self.temperature < 0:  # nan passes `< 0`, then samples nan
             raise DraftsmithError(
                 f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}"
+            )
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise DraftsmithError(
+                f"temperature {self.temperature:g} is too small to sample with (logits / T overflow to inf); "
+                f"pass 0 for greedy or a temperature >= {MIN_TEMPERATURE:g}"
             )
         if self.top_k < 0:
             raise DraftsmithError(f"top_k must be >= 0 (0 = off), got {self.top_k}")

@@ -21,6 +21,7 @@ index files are written under tmp names then renamed, so a killed run never leav
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +30,11 @@ from typing import Literal
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.fileio import atomic_write, write_json
+from draftsmith.fileio import atomic_write, check_output_dir, write_json
 from draftsmith.heads.common import target_fingerprint
 from draftsmith.modeling import base_decoder
 
+log = logging.getLogger(__name__)
 HiddenMode = Literal["online", "offline", "hybrid"]
 
 
@@ -94,8 +96,8 @@ class HiddenStateCache:
         if spec.data is not None:
             meta["data_fingerprint"] = spec.data
         meta_file = self.path / "meta.json"
-        if meta_file.is_file():
-            old = json.loads(meta_file.read_text())
+        old = read_meta(self.path)
+        if old is not None:
             held = list(old.get("aux_layers") or [])
             missing = sorted(set(spec.aux_layers) - set(held))
             if missing:
@@ -119,13 +121,58 @@ class HiddenStateCache:
         elif rank == 0:
             write_json(meta_file, meta)
         self.index: dict[int, str] = {}
-        for f in self.path.glob("index-rank*.json"):
-            self.index.update({int(k): v for k, v in json.loads(f.read_text()).items()})
+        for f in sorted(self.path.glob("index-rank*.json")):
+            self.index.update(self._read_index(f))
+        self._drop_damaged_shards()
         self._own = {k: v for k, v in self.index.items() if f"-r{rank}-" in v}
-        self._n_shards = len({v for v in self._own.values()})
+        # numbered past every shard file of this rank, so a new shard never replaces one (a discarded shard's
+        # number included)
+        numbers = [int(p.stem.rsplit("-", 1)[1]) for p in self.path.glob(f"shard-r{rank}-*.safetensors")
+                   if p.stem.rsplit("-", 1)[1].isdigit()]  # fmt: skip
+        self._n_shards = max(numbers, default=-1) + 1
         self._buffer: dict[str, torch.Tensor] = {}
         self._buffered: set[int] = set()
         self._handles: dict[str, object] = {}
+
+    def _read_index(self, f: Path) -> dict[int, str]:
+        """An index file's {example: shard}; a damaged one (a killed writer predates atomic writes, a hand edit) is
+        discarded with one line: its examples are computed again."""
+        try:
+            raw = json.loads(f.read_text())
+            return {int(k): str(v) for k, v in raw.items()}
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            log.warning("hidden-state cache %s: discarded the damaged index %s (%s); its examples are computed "
+                        "again", self.path, f.name, type(e).__name__)  # fmt: skip
+            if f"index-rank{self.rank}." in f.name:
+                f.unlink(missing_ok=True)
+            return {}
+
+    def _drop_damaged_shards(self) -> None:
+        """Open every indexed shard's header (safetensors checks that the file covers it): a truncated, garbage or
+        missing shard, or one without an example the index puts there, is discarded with one line and its examples
+        computed again (offline: by the pass that builds the cache; hybrid: as they come)."""
+        from safetensors import SafetensorError, safe_open
+
+        parts = ["last", "aux"] if self.spec.aux_layers else ["last"]
+        for shard in sorted(set(self.index.values())):
+            names = {f"{e}.{n}" for e, s in self.index.items() if s == shard for n in parts}
+            try:
+                with safe_open(str(self.path / shard), framework="pt") as h:
+                    missing = names - set(h.keys())
+                if missing:
+                    raise ValueError(f"{len(missing)} indexed tensors missing")
+            except (SafetensorError, OSError, ValueError) as e:
+                dropped = [e_ for e_, s in self.index.items() if s == shard]
+                for e_ in dropped:
+                    del self.index[e_]
+                log.warning("hidden-state cache %s: discarded the damaged shard %s (%s); its %d examples are "
+                            "computed again", self.path, shard, str(e).splitlines()[0][:100], len(dropped))  # fmt: skip
+                if f"-r{self.rank}-" in shard:  # this rank's: its index is rewritten without it
+                    (self.path / shard).unlink(missing_ok=True)
+                    own = {k: v for k, v in self.index.items() if f"-r{self.rank}-" in v}
+                    write_json(
+                        self.path / f"index-rank{self.rank}.json", {str(k): v for k, v in sorted(own.items())}
+                    )
 
     def __contains__(self, example: int) -> bool:
         return example in self.index or example in self._buffered
@@ -178,6 +225,31 @@ class HiddenStateCache:
 
     def disk_bytes(self) -> int:
         return sum(f.stat().st_size for f in self.path.glob("shard-*.safetensors"))
+
+
+def read_meta(path: str | os.PathLike) -> dict | None:
+    """A cache folder's meta.json (None where there is none yet); a damaged one is one DraftsmithError line: it says
+    what every shard holds, so without it no shard can be read."""
+    f = Path(path) / "meta.json"
+    if not f.is_file():
+        return None
+    try:
+        meta = json.loads(f.read_text())
+        if not isinstance(meta, dict):
+            raise ValueError(f"a JSON {type(meta).__name__}, not an object")
+    except (OSError, ValueError) as e:
+        raise DraftsmithError(
+            f"hidden-state cache {f} is damaged ({type(e).__name__}: {str(e)[:80]}); delete the folder {path} (its "
+            "states are computed again) or set data.hidden_cache to another folder"
+        ) from None
+    return meta
+
+
+def check_cache_dir(path: str | os.PathLike) -> None:
+    """Before the target loads: a cache folder that can be made and written (not a file, not under one), whose
+    meta.json, if any, is readable."""
+    read_meta(path)  # first: the writability probe below touches the folder
+    check_output_dir(path, flag="data.hidden_cache")
 
 
 def pad_features(rows: list[dict[str, torch.Tensor]], length: int, device, dtype) -> dict[str, torch.Tensor]:

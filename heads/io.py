@@ -39,6 +39,13 @@ def load_head(
     if check:
         check_target(config.get("target", {}), target_model, f"head {path}")
     kind = config["draftsmith_head_type"]
+    n = int(target_model.config.num_hidden_layers)
+    aux = config.get("aux_hidden_state_layer_ids") or []
+    if not isinstance(aux, list) or not all(isinstance(i, int) and 0 <= i <= n for i in aux):
+        raise DraftsmithError(  # else an IndexError at the first prefill
+            f"head {path}: aux_hidden_state_layer_ids {aux} must be hidden_states indices in [0, {n}] (the target "
+            f"has {n} layers); fix config.json or retrain the head for this target"
+        )
     try:  # a config.json edited by hand (a wrong type, an impossible size) fails inside the constructors
         head = head_kind(kind).load(config)
     except (TypeError, ValueError) as e:

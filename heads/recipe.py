@@ -25,7 +25,14 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.examples import DataSources
 from draftsmith.heads.common import LossKind
 from draftsmith.heads.data import data_fingerprint, epoch_batches, load_examples, split_examples
-from draftsmith.heads.hidden import CacheSpec, HiddenStateCache, HiddenStates, build_cache, bytes_per_token
+from draftsmith.heads.hidden import (
+    CacheSpec,
+    HiddenStateCache,
+    HiddenStates,
+    build_cache,
+    bytes_per_token,
+    check_cache_dir,
+)
 from draftsmith.heads.io import ACCURACY_FILE, save_head
 from draftsmith.heads.kinds import HEAD_KINDS, head_kind, trained_kinds
 from draftsmith.heads.targetinit import check_init
@@ -197,13 +204,21 @@ def check_exportable(cfg: HeadsConfig, say=print) -> None:
     )
 
 
-def check_cache_layers(cfg: HeadsConfig) -> None:
-    """Before the target loads: data.cache_layers within the target's hidden_states indices [0, N]."""
-    if not cfg.data.cache_layers:
-        return
+def check_against_target(cfg: HeadsConfig) -> None:
+    """Before the target loads, from its config: data.max_length within its context and data.cache_layers within
+    its hidden_states indices [0, N]."""
     from draftsmith import models
 
-    n = models.load_config(cfg.model.target).num_hidden_layers
+    target_config = models.load_config(cfg.model.target)
+    ctx = getattr(target_config, "max_position_embeddings", None)
+    if ctx and cfg.data.max_length > ctx:
+        raise DraftsmithError(
+            f"data.max_length={cfg.data.max_length} exceeds the target's context ({ctx} tokens, "
+            f"max_position_embeddings); set data.max_length <= {ctx}"
+        )
+    if not cfg.data.cache_layers:
+        return
+    n = target_config.num_hidden_layers
     bad = [i for i in cfg.data.cache_layers if not 0 <= i <= n]
     if bad:
         raise DraftsmithError(
@@ -233,11 +248,14 @@ def run_heads(
     run_config = to_dict(cfg)
     check_out_dir(cfg.output_dir, run_config, resume, overwrite)  # before any compute or cache write
     check_exportable(cfg, accelerator.print)
-    check_cache_layers(cfg)
+    check_against_target(cfg)
+    # a file where the cache goes, a damaged meta.json: refused before the target loads
+    if cfg.data.hidden_states != "online":
+        check_cache_dir(_cache_path(cfg))
     rec = head_kind(cfg.head.kind)
+    train_ex, eval_ex, fingerprint = _examples(cfg)
     with plain_model_init(accelerator):  # ZeRO-3 would partition the frozen target as it loads
         target = models.load_model(cfg.model.target, dtype=cfg.model.dtype, device=accelerator.device)
-    train_ex, eval_ex, fingerprint = _examples(cfg, target)
     set_seed(cfg.train.seed)  # before the head (and Medusa-2's LoRA) draw their random weights
     head = build_head(cfg, target, train_ex).to(accelerator.device)
     setup = rec.training.setup(cfg, target, head) if rec.training.setup else TrainSetup(target, None)
@@ -281,16 +299,11 @@ def run_heads(
     return summary
 
 
-def _examples(cfg: HeadsConfig, target) -> tuple[list[dict], list[dict], str]:
-    """(train, held-out, data fingerprint) of the recipe's data sources, tokenized, checked against the context."""
+def _examples(cfg: HeadsConfig) -> tuple[list[dict], list[dict], str]:
+    """(train, held-out, data fingerprint) of the recipe's data sources, tokenized: read before the target loads, so
+    a bad record is refused first (the context was checked against data.max_length: check_against_target)."""
     from draftsmith import models
 
-    ctx = getattr(target.config, "max_position_embeddings", None)
-    if ctx and cfg.data.max_length > ctx:
-        raise DraftsmithError(
-            f"data.max_length={cfg.data.max_length} exceeds the target's context ({ctx} tokens, "
-            f"max_position_embeddings); set data.max_length <= {ctx}"
-        )
     sources = cfg.data.sources
     needs_tok = any(not Path(s).is_dir() for s in sources)
     examples = load_examples(
@@ -310,6 +323,10 @@ def _cache_dtype(cfg: HeadsConfig, target) -> str:
     return "bfloat16" if target.dtype == torch.bfloat16 else "float16"
 
 
+def _cache_path(cfg: HeadsConfig) -> str:
+    return cfg.data.hidden_cache or str(Path(cfg.output_dir) / "hidden_cache")
+
+
 def _cache(
     cfg, accelerator, target, train_ex, kind, aux, dtype, fingerprint, progress
 ) -> HiddenStateCache | None:
@@ -318,7 +335,7 @@ def _cache(
         return None
     layers = aux if cfg.data.cache_layers is None else sorted(set(aux) | set(cfg.data.cache_layers))
     spec = CacheSpec(kind, layers, target.config.hidden_size, dtype, fingerprint)
-    path = cfg.data.hidden_cache or str(Path(cfg.output_dir) / "hidden_cache")
+    path = _cache_path(cfg)
     rank, shard = accelerator.process_index, cfg.data.shard_size
     cache = HiddenStateCache(path, spec, target, rank=rank, shard_size=shard)
     if cfg.data.hidden_states == "offline":

@@ -153,7 +153,7 @@ def bench(
     )
     drafters = [NamedDrafter(name, build_proposer(spec, ctx, k=k), k) for name, spec, k in specs]
     dec = SpeculativeDecoder(target, tok)
-    encoded = encode_prompts(dec, tok, prompts, settings)
+    encoded = encode_prompts(dec.max_positions, tok, prompts, settings)
     measured = measure(dec, drafters, prompts, encoded, settings)
     arithmetic = {d.name: decode_flops(dec, d.proposer, encoded[0], k=d.k) for d in drafters} if flops else {}
     plain = measured["plain"]

@@ -18,7 +18,7 @@ import importlib
 import logging
 import sys
 
-from draftsmith.errors import DraftsmithError
+from draftsmith.errors import DraftsmithError, OneLineArgumentParser
 
 COMMANDS = {
     "quickstart": (
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:  # `draftsmith check`
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog="draftsmith", description="Train and measure speculative-decoding drafters."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -75,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    # --help (0) or a bad argument (2, its one line printed): returned as a status, as for every other error
+    except SystemExit as e:
+        return int(e.code or 0)
     if args.command is None:
         parser.print_help()
         return 2

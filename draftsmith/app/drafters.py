@@ -34,7 +34,7 @@ from draftsmith.kinds import (
     parse_options,
     spec_for,
 )
-from draftsmith.vocab import vocab_file
+from draftsmith.vocab import read_draft_vocab
 from draftsmith.woq import GROUP, check_quantizable
 
 
@@ -57,11 +57,12 @@ def _draft_example(root: Path, target) -> str:
 
 
 def _check_draft(opts: dict) -> None:
-    """vocab= names a file that is there, before anything loads (its ids are checked against the draft's vocab);
+    """vocab= names a readable vocabulary file, before anything loads (its ids are checked against the draft's vocab
+    size when the drafter is built);
     bits= is a width the CPU kernels take and group= one of int4's group sizes, only with bits=4 (the device and
     the draft's widths are checked when the drafter is built, before its weights)."""
     if "vocab" in opts:
-        vocab_file(opts["vocab"])
+        read_draft_vocab(opts["vocab"], None)
     if "bits" in opts:
         check_quantizable(opts["bits"], opts.get("group", GROUP))
     if "nodes" in opts and opts.get("siblings", 1) == 0:

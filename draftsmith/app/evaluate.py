@@ -49,6 +49,7 @@ def evaluate(
     if out_dir is not None:  # an unwritable folder must fail now, not after all the decoding
         check_output_dir(out_dir, RESULT_FILES, overwrite)
     kind, drafter_arg = validate_spec(drafter, k=settings.k, batch=max(settings.batch_sizes, default=1))
+    load_device = _device(device)  # a device this machine lacks is refused before the prompts are read
     if not isinstance(target, str):
         target_model, target = target, getattr(getattr(target, "config", None), "_name_or_path", "model")
     source, prompts = _load_prompts(prompts, settings.limit)
@@ -58,10 +59,12 @@ def evaluate(
             f"{source}; lower the batch size or raise --limit"
         )
     tokenizer = tokenizer if tokenizer is not None else models.load_tokenizer(target)
+    # encoded before any weights load: a prompt too long for the context, or no room for the answer, is refused now
+    encoded = encode_prompts(_max_positions(target_model, target), tokenizer, prompts, settings)
     if target_model is None:
         if kind == "draft":  # tokenizer compatibility from configs + tokenizers, before any weights load
             check_compatible(target, drafter_arg.partition(",")[0])
-        target_model = models.load_model(target, dtype=dtype, device=_device(device), inference=True)
+        target_model = models.load_model(target, dtype=dtype, device=load_device, inference=True)
     dev = next(target_model.parameters()).device if device is None else _device(device)
     ctx = DrafterContext(
         target=target_model, tokenizer=tokenizer, device=dev, dtype=dtype, target_spec=target
@@ -70,7 +73,6 @@ def evaluate(
     if max(settings.batch_sizes, default=1) > 1 and not hasattr(batched(proposer), "retain"):
         raise DraftsmithError(f"drafter {kind!r} cannot decode a batch yet; drop --batch-size")
     decoder = SpeculativeDecoder(target_model, tokenizer, compile=settings.compile)
-    encoded = encode_prompts(decoder, tokenizer, prompts, settings)
 
     measured = measure(decoder, [NamedDrafter("drafter", proposer, settings.k)], prompts, encoded, settings,
                        progress=progress)  # fmt: skip
@@ -99,9 +101,17 @@ def _load_prompts(prompts: str | list[Prompt], limit: int | None) -> tuple[str, 
     return source, loaded
 
 
-def encode_prompts(decoder: SpeculativeDecoder, tokenizer, prompts: list[Prompt], settings: EvalSettings):
-    """Token ids [1, T] per prompt, cut to what leaves the answer and the k + 1 lookahead room in the context."""
-    room = decoder.max_positions - settings.max_new_tokens - settings.k - 1 if decoder.max_positions else None
+def _max_positions(target_model, target) -> int:
+    """The target's context (SpeculativeDecoder.max_positions), from the loaded model or else its config alone."""
+    cfg = target_model.config if target_model is not None else models.load_config(target)
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return int(getattr(cfg, "max_position_embeddings", 0) or 0)
+
+
+def encode_prompts(max_positions: int, tokenizer, prompts: list[Prompt], settings: EvalSettings):
+    """Token ids [1, T] per prompt, each refused unless it leaves the answer and the k + 1 lookahead room in the
+    target's context of `max_positions` (0: unbounded)."""
+    room = max_positions - settings.max_new_tokens - settings.k - 1 if max_positions else None
     return [torch.tensor([prompt_ids(tokenizer, p, max_length=room)]) for p in prompts]
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 
@@ -45,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from draftsmith import models
     from draftsmith.compat import _vocab_size
     from draftsmith.examples import examples_from_sources
-    from draftsmith.fileio import write_json
+    from draftsmith.fileio import check_output_dir, write_json
     from draftsmith.vocab import (
         DRAFT_VOCAB_FILE,
         build_vocab_ids,
@@ -55,13 +54,8 @@ def run(args: argparse.Namespace) -> int:
         token_counts,
     )
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise DraftsmithError(f"--out {out} is a file; pass a folder for draft_vocab.safetensors")
-    if (out / DRAFT_VOCAB_FILE).exists() and not args.overwrite:
-        raise DraftsmithError(
-            f"{out / DRAFT_VOCAB_FILE} exists; pass --overwrite to replace it, or another --out"
-        )
+    # a file, a folder under a file, an unwritable folder, an earlier vocabulary: refused before counting tokens
+    out = check_output_dir(args.out, (DRAFT_VOCAB_FILE, "vocab.json"), args.overwrite)
     ref = models.resolve(args.target)  # once: config and tokenizer both read from it
     cfg = models.load_config(ref, args.trust_remote_code)
     vocab = _vocab_size(cfg)
