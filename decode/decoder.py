@@ -25,6 +25,7 @@ from draftsmith.modeling import last_rows
 from draftsmith.models import eos_token_ids
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 
+from .adaptive import AdaptiveK
 from .cache import compile_options, static_len
 from .proposer import Proposal, Proposer, node_depths, proposal_nodes
 from .ragged import RaggedCache, committed_tokens, kept_hidden, verify_inputs
@@ -53,6 +54,7 @@ class _Run:
     prefill_hidden: tuple | None = None
     paths: list[list[int]] = field(default_factory=list)  # the accepted nodes of the last step, per row
     new: torch.Tensor | None = None  # [B, A] the tokens the last step committed, per row (right-padded)
+    policy: AdaptiveK | None = None  # the draft length per step (batch 1), or None: k every step
 
 
 class SpeculativeDecoder:
@@ -167,12 +169,13 @@ class SpeculativeDecoder:
         input_ids: torch.Tensor,
         proposer: Proposer | None = None,
         *,
-        k: int = 4,
+        k: int | AdaptiveK = 4,
         params: SamplingParams | None = None,
         max_new_tokens: int = 128,
         seed: int = 0,
     ) -> GenerationResult:
-        """input_ids: [1, T] prompt ids. Returns the generated ids and per-step acceptance statistics."""
+        """input_ids: [1, T] prompt ids. Returns the generated ids and per-step acceptance statistics. k: draft
+        tokens per step, or an AdaptiveK policy choosing each step's (decode.adaptive; its decisions in k_policy)."""
         if input_ids.dim() == 2 and input_ids.shape[0] != 1:
             raise DraftsmithError(
                 f"generate decodes one prompt ([1, T]), got a batch of {input_ids.shape[0]}; "
@@ -183,6 +186,7 @@ class SpeculativeDecoder:
         )
         res = out.rows[0]
         res.time_total, res.time_prefill, res.time_draft = out.time_total, out.time_prefill, out.time_draft
+        res.time_draft_prefill = out.time_draft_prefill
         return res
 
     @torch.inference_mode()
@@ -191,7 +195,7 @@ class SpeculativeDecoder:
         prompts: Sequence[torch.Tensor],
         proposer: Proposer | None = None,
         *,
-        k: int = 4,
+        k: int | AdaptiveK = 4,
         params: SamplingParams | None = None,
         max_new_tokens: int = 128,
         seed: int = 0,
@@ -201,7 +205,11 @@ class SpeculativeDecoder:
         GenerationResult per prompt (in order) and the batch's costs."""
         params = params if params is not None else SamplingParams()  # greedy
         proposer = batched(proposer)  # a single-row proposer drafts each row with its own copy
+        policy, k = (k, k.k_max) if isinstance(k, AdaptiveK) else (None, k)
         ids, pads = self._check(prompts, proposer, k, max_new_tokens)
+        if policy is not None:
+            self._check_adaptive(prompts, proposer)
+            policy.start()
         run = _Run(
             proposer=proposer,
             params=params,
@@ -210,6 +218,7 @@ class SpeculativeDecoder:
             draft_gen=torch.Generator(device=self.device).manual_seed(2 * seed + 1),  # independent streams
             out=BatchResult([GenerationResult(tokens=[], prompt_len=len(p.reshape(-1))) for p in prompts]),
             active=list(range(len(prompts))),
+            policy=policy,
         )
         self._sync()
         t0 = run.t0 = time.perf_counter()
@@ -225,7 +234,21 @@ class SpeculativeDecoder:
             self._retain(run, keep)
         self._sync()
         run.out.time_total = time.perf_counter() - t0
+        if policy is not None:
+            run.out.rows[0].k_policy = policy.summary()
         return run.out
+
+    @staticmethod
+    def _check_adaptive(prompts, proposer) -> None:
+        if len(prompts) > 1:
+            raise DraftsmithError(
+                "an adaptive draft length (k auto) decodes one prompt at a time; use batch size 1"
+            )
+        if proposer is not None and not getattr(proposer, "adaptive_k", False):
+            raise DraftsmithError(
+                f"drafter {proposer.name!r} cannot skip drafting for a step, which an adaptive draft length (k auto) "
+                "needs; use a fixed k, or a draft: or ngram: drafter"
+            )
 
     def _check(self, prompts, proposer, k: int, max_new_tokens: int) -> tuple[torch.Tensor, list[int]]:
         """-> (prompts left-padded to one width [B, T], padding per row). Refuses what the decoder cannot run."""
@@ -272,6 +295,7 @@ class SpeculativeDecoder:
         proposer = run.proposer
         if proposer is None:
             return
+        t = run.out.time_draft
         if hasattr(proposer, "attach"):  # self-speculative drafters draft on the target's own KV cache
             self._timed_draft(run, proposer.attach, self, run.ragged)
         tokens = torch.cat([ids, run.last[:, None]], 1)
@@ -279,6 +303,9 @@ class SpeculativeDecoder:
             self._timed_draft(run, proposer.begin, tokens, run.prefill_hidden, pads)
         else:
             self._timed_draft(run, proposer.begin, tokens, run.prefill_hidden)
+        if hasattr(proposer, "prefill_prompt"):  # its prompt's forward now, timed apart from drafting
+            self._timed_draft(run, proposer.prefill_prompt)
+        run.out.time_draft_prefill = run.out.time_draft - t
         run.prefill_hidden = None
 
     def _timed_draft(self, run: _Run, fn, *args):
@@ -296,9 +323,12 @@ class SpeculativeDecoder:
         the same with an empty proposal."""
         rows = [run.out.rows[i] for i in run.active]
         room = [max_new_tokens - len(r.tokens) - 1 for r in rows]  # draft tokens each row may still commit
-        kk = min(k, max(room))
+        policy = run.policy
+        kk = min(k if policy is None else policy.choose(), max(room))
         proposer, B = run.proposer, len(rows)
-        if proposer is not None and kk > 0:
+        drafting = run.out.time_draft
+        # under a policy even k = 0 goes to the proposer: it marks a step without draft work (adaptive_k)
+        if proposer is not None and (kk > 0 or policy is not None):
             proposal = self._timed_draft(run, proposer.propose, kk, run.params, run.draft_gen)
         else:
             proposal = Proposal.empty(B, self.device)
@@ -313,6 +343,8 @@ class SpeculativeDecoder:
         run.out.forward_rows.append(B)
         run.out.step_depths.append(max((max(d, default=0) for d in depths), default=0))
         paths, last = verify_rows(logits, proposal, run.params, run.verify_gen)
+        if policy is not None:
+            policy.observe(max(depths[0], default=0), len(paths[0]), run.out.time_draft - drafting)
         for b, cap in enumerate(room):  # a row near its length limit keeps what it may still emit
             if len(paths[b]) > cap:
                 last[b] = proposal.tokens[b, paths[b][cap]]

@@ -23,9 +23,10 @@ import torch
 from draftsmith.evalsettings import EvalSettings
 from draftsmith.prompts import Prompt
 
+from .adaptive import AdaptiveK, start_policy
 from .batching import PLAIN, measure_batches
 from .decoder import GenerationResult, SpeculativeDecoder
-from .metrics import summarize
+from .metrics import decode_rate, summarize
 from .proposer import Proposer, proposal_nodes
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,11 @@ class NamedDrafter:
     name: str
     proposer: Proposer
     k: int
+    """Draft tokens per step (with `adaptive`, the most a step may take)."""
+    auto: bool = False
+    """An adaptive draft length for this drafter alone (settings.adaptive_k: for every drafter)."""
+    adaptive: AdaptiveK | None = None
+    """Each step's draft length from this policy (auto; measure() builds it after the warm-up)."""
 
 
 def measure(
@@ -69,7 +75,10 @@ def measure(
         raise ValueError(f"drafter names must be unique and not {PLAIN!r}: {names}")
     methods: list[NamedDrafter | None] = [None, *drafters]  # None: plain decoding
     reserve(decoder, drafters, encoded, settings.max_new_tokens)
-    _warm_up(decoder, methods, encoded[0], settings)
+    warm = _warm_up(decoder, methods, encoded[0], settings)
+    for d in drafters:  # an adaptive draft length's policy, from costs measured now (decode.adaptive)
+        if d.auto or settings.adaptive_k:
+            d.adaptive = start_policy(decoder, d.proposer, d.k, warm[d.name], warm[PLAIN])
     runs: dict[str, list[GenerationResult]] = {PLAIN: [], **{n: [] for n in names}}
     from tqdm.auto import tqdm
 
@@ -81,6 +90,9 @@ def measure(
     results = {
         d.name: _drafter_result(decoder, prompts, encoded, runs[d.name], plain, d.k, greedy) for d in drafters
     }
+    for d in drafters:
+        if d.adaptive is not None:
+            results[d.name]["k_policy"] = policy_summary(d.adaptive, runs[d.name])
     if settings.batch_sizes:  # batch size 1 is the run above; the others decode the prompts in batches
         sections = measure_batches(decoder, drafters, encoded, settings, batch1=runs, progress=progress)
         for name, section in sections.items():
@@ -94,7 +106,7 @@ def _generate(
     return decoder.generate(
         ids,
         method.proposer if method else None,
-        k=method.k if method else settings.k,
+        k=(method.adaptive or method.k) if method else settings.k,
         params=settings.params,
         max_new_tokens=max_new_tokens or settings.max_new_tokens,
         seed=seed,
@@ -115,15 +127,17 @@ def reserve(
             d.proposer.reserve(longest + d.k)
 
 
-def _warm_up(decoder, methods, ids, settings: EvalSettings) -> None:
+def _warm_up(decoder, methods, ids, settings: EvalSettings) -> dict[str, GenerationResult]:
     """Allocator, kernels, caches, compiled graphs: every drafter's own warm-up (a compiled draft compiles its
     steps), then one short run of every method, excluded from every number."""
     n = min(settings.warmup_tokens, settings.max_new_tokens)
     for m in methods:
         if m is not None and hasattr(m.proposer, "warm_up"):
             m.proposer.warm_up()
-    for m in methods:
-        _generate(decoder, m, ids, settings, seed=settings.seed, max_new_tokens=n)
+    return {
+        m.name if m else PLAIN: _generate(decoder, m, ids, settings, seed=settings.seed, max_new_tokens=n)
+        for m in methods
+    }
 
 
 def _plain_numbers(plain: list[GenerationResult]) -> dict:
@@ -164,10 +178,39 @@ def _prompt_row(prompt: Prompt, ids: torch.Tensor, spec, plain, greedy: bool) ->
         "time_s": spec.time_total,
         "time_plain_s": plain.time_total,
         "draft_time_s": spec.time_draft,
+        # prefills apart: the target's (the first token, plain and speculative alike) and the drafter's own
+        "prefill_s": spec.time_prefill,
+        "prefill_plain_s": plain.time_prefill,
+        "draft_prefill_s": spec.time_draft_prefill,
+        "speedup": (len(spec.tokens) / spec.time_total) / (len(plain.tokens) / plain.time_total)
+        if spec.time_total > 0 and plain.time_total > 0
+        else None,
+        "speedup_decode": _ratio(decode_rate([spec], drafter=True), decode_rate([plain])),
         "target_forwards": spec.target_forwards,
         "identical": spec.tokens == plain.tokens if greedy else None,
         "stop_reason": spec.stop_reason,
+        **({"k_policy": spec.k_policy} if spec.k_policy is not None else {}),
     }
+
+
+def policy_summary(policy: AdaptiveK, spec: list[GenerationResult]) -> dict:
+    """eval.json's `k_policy`: the costs the adaptive draft length started from and its decisions over the run
+    (each prompt's row holds its own)."""
+    chosen: dict[str, int] = defaultdict(int)
+    for r in spec:
+        for k, n in (r.k_policy or {}).get("chosen", {}).items():
+            chosen[k] += n
+    return {
+        "k_max": policy.k_max,
+        "start_costs": policy.costs.to_dict(),
+        "chosen": dict(sorted(chosen.items(), key=lambda kv: int(kv[0]))),
+        "plain_steps": chosen.get("0", 0),
+        "probes": sum((r.k_policy or {}).get("probes", 0) for r in spec),
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
 
 
 def lossless_check(rows: list[dict]) -> dict:
@@ -187,7 +230,9 @@ def _per_category(prompts: list[Prompt], spec_res: list, plain_res: list, k: int
     out = {}
     for cat, idx in sorted(by_cat.items()):
         s = summarize([spec_res[i] for i in idx], [plain_res[i] for i in idx], k)
-        out[cat] = {key: s[key] for key in ("tau", "speedup", "alpha_per_position", "n_prompts")}
+        out[cat] = {
+            key: s[key] for key in ("tau", "speedup", "speedup_decode", "alpha_per_position", "n_prompts")
+        }
     return out
 
 

@@ -133,6 +133,10 @@ class Proposer(Protocol):
     # Optional hooks (self-speculative drafters, heads.selfspec): `attach(decoder, cache)` right after the
     # prefill hands over the target's KV cache (a decode.ragged.RaggedCache: the HF cache and its rows' lengths);
     # `verify_forward(block, proposal) -> (logits, hidden) | None`
+    # Optional attribute `adaptive_k = True`: `propose(0, ...)` drafts nothing at no cost and `advance` after it
+    # keeps the proposer's state whole, so an adaptive draft length (decode.adaptive) may skip drafting for a step.
+    # `prefill_prompt()` right after `begin`: run the drafter's forward over the prompts now (else the first
+    # propose does), so the decoder reports the drafter's prefill apart from its cost per drafted token.
     # replaces the decoder's verify forward when the proposer can reuse shared-layer work (None = not this step).
 
     def begin(

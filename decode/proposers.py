@@ -44,6 +44,7 @@ class DraftModelProposer:
 
     name = "draft"
     hidden_state_layers: tuple[int, ...] = ()
+    adaptive_k = True  # propose(0) drafts nothing and costs nothing; the next propose feeds what it missed
     CACHE_ROOM = 512
 
     def __init__(
@@ -120,6 +121,7 @@ class DraftModelProposer:
             self.head = quantize_linear(self.head, bits, group)
         self.compiles = bool(compile)
         self.reserved = 0  # static buffer rows reserved for the run (reserve); 0 = sized per prompt
+        self._first = None  # [B, out_size] the draft's logits after the prompts (prefill_prompt)
         self._step, self._freezing, self._warm = None, False, False
         if compile:
             from torch._inductor import config as inductor_config
@@ -155,6 +157,10 @@ class DraftModelProposer:
             self._run(ids[:, :n].clone(), rc.block_inputs(n, self.model.dtype, self.device), None)
             rc.commit([range(n)], n)
 
+    def prefill_prompt(self) -> None:
+        """The prompts' forward now; the first propose drafts from its logits."""
+        self._first = self._feed_committed()
+
     def begin(self, tokens: torch.Tensor, hidden=None, pad: list[int] | None = None) -> None:
         """tokens [B, L] left-padded by `pad` (None: no padding)."""
         pad = pad or [0] * tokens.shape[0]
@@ -184,6 +190,7 @@ class DraftModelProposer:
         else:
             self.cache = RaggedCache(DynamicCache(config=self.model.config), pad)
         self.prefill = tokens.to(self.device)
+        self._first = None
 
     def _last_logits(self, ids: torch.Tensor, cache, **kw) -> torch.Tensor:
         """Draft logits [B, out_size] after the last column of ids [B, n]: the compiled step (one graph)."""
@@ -198,6 +205,7 @@ class DraftModelProposer:
     def retain(self, rows: list[int]) -> None:
         self.cache.retain(rows)
         self.seq = [self.seq[r] for r in rows]
+        self._first = None if self._first is None else self._first[rows]
 
     def _run(
         self, ids: torch.Tensor, kw: dict, last: list[int] | None, prefill: bool = False
@@ -255,7 +263,9 @@ class DraftModelProposer:
                 logits = self._run(part, rc.block_inputs(n, dtype, self.device), None)
                 rc.commit([range(n)], n)
                 width += n
-            return logits
+            if all(len(s) == n - p for s, n, p in zip(self.seq, rc.lengths, rc.pads)):
+                return logits
+            # tokens committed since begin (plain steps of an adaptive draft length): fed after the prompts
         counts = [len(s) - (n - p) for s, n, p in zip(self.seq, rc.lengths, rc.pads)]
         width = max(counts)
         ids = torch.zeros(len(counts), width, dtype=torch.long, device=self.device)
@@ -271,9 +281,15 @@ class DraftModelProposer:
 
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None = None) -> Proposal:
         B = len(self.seq)
+        first, self._first = self._first, None
+        # a plain step (adaptive draft length): no draft work; the next propose feeds what it missed
+        if k == 0:
+            self.base, self.proposed = list(self.cache.lengths), [0] * B
+            return Proposal.empty(B, self.device)
         if self.compiles and len(self.seq[0]) + k > self.cache.kv_len:  # drafting would outgrow the buffers:
             self._new_cache(self.seq[0][None], [0], k)  # prefill the sequence into larger ones
-        logits = self._feed_committed()
+            first = None
+        logits = first if first is not None else self._feed_committed()
         self.base = list(self.cache.lengths)
         sizes = [k] * B  # drafted tokens per row (a confidence stop shortens a row)
         # per depth: [B] chain tokens, [B, V] q (sampling), [B, S] sibling candidates (greedy: target ids; sampling:
@@ -458,6 +474,7 @@ class NGramProposer:
 
     name = "ngram"
     hidden_state_layers: tuple[int, ...] = ()
+    adaptive_k = True  # propose(0) looks nothing up; advance keeps the context whole
 
     def __init__(self, max_n: int = 3, min_n: int = 1):
         if not 1 <= min_n <= max_n:

@@ -17,15 +17,16 @@ def _fmt(x, nd: int = 3) -> str:
 def summary_table(result: dict) -> str:
     """Markdown table: overall + per category (tau includes the bonus token)."""
     lines = [
-        "| set | prompts | tau (bonus incl.) | speedup | alpha by position |",
-        "|---|---|---|---|---|",
+        "| set | prompts | tau (bonus incl.) | speedup | after prefill | alpha by position |",
+        "|---|---|---|---|---|---|",
     ]
     c = result["conditions"]
     rows = [("all", {**result, "n_prompts": c["n_prompts"]})] + list(result["per_category"].items())
     for name, r in rows:
         alphas = " ".join(_fmt(a, 2) for a in r["alpha_per_position"])
         lines.append(
-            f"| {name} | {r['n_prompts']} | {_fmt(r['tau'], 2)} | {_fmt(r['speedup'], 2)}x | {alphas} |"
+            f"| {name} | {r['n_prompts']} | {_fmt(r['tau'], 2)} | {_fmt(r['speedup'], 2)}x | "
+            f"{_fmt(r.get('speedup_decode'), 2)}x | {alphas} |"
         )
     return "\n".join(lines)
 
@@ -95,6 +96,8 @@ def render_markdown(result: dict) -> str:
             f"- target forwards: {result['target_forwards']} speculative vs {result['target_forwards_plain']} plain; "
             f"drafting took {100 * result['draft_time_share']:.1f}% of speculative time.",
             f"- lossless: {lossless}",
+            *_prefill_line(result),
+            *_policy_line(result),
             "",
             summary_table(result),
             "",
@@ -107,6 +110,35 @@ def render_markdown(result: dict) -> str:
             "",
         ]
     )
+
+
+def _prefill_line(result: dict) -> list[str]:
+    """Prefills apart: time to first token (the target's prefill) and the decode rate after it."""
+    pre, dec = result.get("prefill_s"), result.get("tokens_per_s_decode")
+    if not pre or not dec or pre.get("target") is None:
+        return []
+    ms = 1000.0
+    return [
+        f"- prefill, mean per prompt: target {pre['target'] * ms:.1f} ms (plain run {pre['plain'] * ms:.1f} ms; the "
+        f"first token comes from it alone, so this is the time to first token either way), drafter "
+        f"{(pre['drafter'] or 0.0) * ms:.1f} ms (delays the second token; left out of the drafter's cost per "
+        f"drafted token). After the first token: {_fmt(dec['speculative'], 1)} vs {_fmt(dec['plain'], 1)} tok/s, "
+        f"speedup {_fmt(result.get('speedup_decode'), 2)}x (end to end, prefills included: "
+        f"{_fmt(result['speedup'], 2)}x)."
+    ]
+
+
+def _policy_line(result: dict) -> list[str]:
+    """`--k auto`: what the adaptive draft length started from and what it chose (per prompt: eval.json)."""
+    pol = result.get("k_policy")
+    if not pol:
+        return []
+    c, steps = pol["start_costs"], sum(pol["chosen"].values())
+    return [
+        f"- draft length auto (0 to {pol['k_max']} per step, decode.adaptive): {pol['plain_steps']} of {steps} steps "
+        f"plain (k = 0), {pol['probes']} probes; k chosen {pol['chosen']}. Costs measured at the start: plain step "
+        f"{c['step_s'] * 1000:.1f} ms, drafting {c['draft_s'] * 1000:.2f} ms per token."
+    ]
 
 
 def _why_slower(result: dict) -> list[str]:

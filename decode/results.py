@@ -16,9 +16,11 @@ class GenerationResult:
     target_forwards: int = 0  # including the prefill forward
     time_total: float = 0.0
     time_draft: float = 0.0  # proposer.begin/propose/advance
+    time_draft_prefill: float = 0.0  # the drafter's own prompt prefill (begin, prefill): part of time_draft
     time_prefill: float = 0.0  # the prompt's forward (part of time_total): per-step costs leave it out
     verified: list[int] = field(default_factory=list)  # tokens in each verify forward (1 + proposal nodes)
     stop_reason: str = "length"
+    k_policy: dict | None = None  # an adaptive draft length's decisions (decode.adaptive.AdaptiveK.summary)
 
     @property
     def tau(self) -> float:
@@ -35,6 +37,7 @@ class BatchResult:
     time_total: float = 0.0
     time_prefill: float = 0.0
     time_draft: float = 0.0
+    time_draft_prefill: float = 0.0
     forward_rows: list[int] = field(
         default_factory=list
     )  # batch rows in each target forward, the prefill first

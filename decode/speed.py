@@ -15,13 +15,13 @@ into that argument, and into what would pay: another k, a drafter without a forw
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from draftsmith.acceptance import tau_from_conditional, tau_iid
 
-from .decoder import GenerationResult
+from .results import GenerationResult
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,9 @@ class StepCosts:
 
     step_s: float
     verify_s: dict[float, float] = field(default_factory=dict)
-    draft_s: float = 0.0  # drafter time per drafted token (its own prefill and bookkeeping included)
+    draft_s: float = 0.0  # drafter time per drafted token (bookkeeping included, its prompt prefill not)
     drafted_per_step: float = 0.0  # mean tokens (tree nodes) drafted per verify step in the run
+    draft_prefill_s: float = 0.0  # the drafter's prefill of a prompt, mean per prompt (once per request)
 
     def verify(self, n_tokens: float) -> float:
         """Seconds of one target forward over n_tokens (>= 1) new tokens; never below a plain step (a measured
@@ -69,6 +70,7 @@ class StepCosts:
             "verify_s": {f"{n:g}": s for n, s in sorted(self.verify_s.items())},
             "draft_s": self.draft_s,
             "drafted_per_step": self.drafted_per_step,
+            "draft_prefill_s": self.draft_prefill_s,
         }
 
     @classmethod
@@ -78,6 +80,7 @@ class StepCosts:
             verify_s={float(n): float(s) for n, s in d.get("verify_s", {}).items()},
             draft_s=float(d.get("draft_s", 0.0)),
             drafted_per_step=float(d.get("drafted_per_step", 0.0)),
+            draft_prefill_s=float(d.get("draft_prefill_s", 0.0)),
         )
 
 
@@ -86,23 +89,27 @@ def costs_from_results(
 ) -> StepCosts | None:
     """Per-step costs of one eval run: plain step = plain decoding time per forward after the prefill; verify =
     speculative time outside drafting per step, at the run's mean 1 + drafted tokens; draft = drafting time per
-    drafted token (per step, with drafted_per_step 0, when the drafter proposed nothing: a confidence stop that
-    never passed). None when the run has no plain or no speculative steps to measure."""
+    drafted token, the drafter's own prompt prefill apart (draft_prefill_s, per prompt); per step, with
+    drafted_per_step 0, when the drafter proposed nothing (a confidence stop that never passed, an adaptive draft
+    length at 0). None when the run has no plain or no speculative steps to measure."""
     plain_steps = sum(r.target_forwards - 1 for r in plain)
     spec_steps = sum(len(r.accepted) for r in spec)
     drafted = sum(sum(r.verified) - len(r.verified) for r in spec)
     if plain_steps <= 0 or spec_steps <= 0:
         return None
     step_s = sum(r.time_total - r.time_prefill for r in plain) / plain_steps
+    drafting = sum(r.time_draft - r.time_draft_prefill for r in spec)
+    prefill = sum(r.time_draft_prefill for r in spec) / len(spec)
     if drafted <= 0:
-        return StepCosts(step_s=step_s, draft_s=sum(r.time_draft for r in spec) / spec_steps)
+        return StepCosts(step_s=step_s, draft_s=drafting / spec_steps, draft_prefill_s=prefill)
     verify_s = sum(r.time_total - r.time_prefill - r.time_draft for r in spec) / spec_steps
     n_bar = drafted / spec_steps
     return StepCosts(
         step_s=step_s,
         verify_s={1 + n_bar: verify_s},
-        draft_s=sum(r.time_draft for r in spec) / drafted,
+        draft_s=drafting / drafted,
         drafted_per_step=n_bar,
+        draft_prefill_s=prefill,
     )
 
 
@@ -112,7 +119,7 @@ def with_verify_ratios(costs: StepCosts, ratios: dict[int, float]) -> StepCosts:
     extra = {float(n): r * costs.step_s for n, r in ratios.items() if n > 1}
     near = {round(n) for n in costs.verify_s}
     extra = {n: s for n, s in extra.items() if round(n) not in near}
-    return StepCosts(costs.step_s, {**extra, **costs.verify_s}, costs.draft_s, costs.drafted_per_step)
+    return replace(costs, verify_s={**extra, **costs.verify_s})
 
 
 def iid_alpha_for_tau(tau: float, k: int) -> float | None:

@@ -22,7 +22,10 @@ class EvalSettings:
     """How drafters are measured against plain decoding (`draftsmith eval`, bench_drafters, the quickstart)."""
 
     k: int = 4
-    """Draft tokens per step (the depth of a tree drafter's tree)."""
+    """Draft tokens per step (the depth of a tree drafter's tree); with adaptive_k the most a step may take."""
+    adaptive_k: bool = False
+    """`--k auto`: each step's draft length, 0 (a plain step) to k, from the acceptance measured so far on the prompt
+    and the costs measured at the start (decode.adaptive); batch size 1, draft: and ngram: drafters."""
     temperature: float = 0.0
     """0 = greedy (the losslessness check is on)."""
     top_p: float = 1.0
@@ -48,6 +51,10 @@ class EvalSettings:
         if self.max_new_tokens < 1:
             raise DraftsmithError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         check_limit(self.limit)
+        if self.adaptive_k and (max(self.batch_sizes, default=1) > 1 or self.sweep_k):
+            raise DraftsmithError(
+                "--k auto chooses each step's draft length for one prompt at a time; drop --batch-size / --sweep-k"
+            )
         if self.batch_sizes:
             if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batch_sizes):
                 raise DraftsmithError(f"batch sizes must be integers >= 1, got {list(self.batch_sizes)}")
@@ -117,6 +124,27 @@ def conditions(settings: EvalSettings, **run) -> dict:
         "excluded",
     }
     return {key: values[key] for key in CONDITION_KEYS}
+
+
+AUTO_K_MAX = 6
+"""`--k auto`: the deepest draft a step may take (`auto:N` for another)."""
+
+
+def parse_k(text: str) -> tuple[int, bool]:
+    """--k: '4' -> (4, False); 'auto' -> (AUTO_K_MAX, True); 'auto:8' -> (8, True). Anything else is one line."""
+    head, _, most = text.partition(":")
+    try:
+        if head == "auto":
+            k, adaptive = (int(most) if most else AUTO_K_MAX), True
+        else:
+            k, adaptive = (int(text), False)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise DraftsmithError(
+            f"--k must be an integer >= 1 (draft tokens per step) or auto (auto:N: at most N), got {text!r}"
+        )
+    return k, adaptive
 
 
 def parse_batch_sizes(text: str) -> tuple[int, ...]:

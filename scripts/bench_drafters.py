@@ -6,7 +6,8 @@
         --drafter earlyexit-noreuse=earlyexit:runs/earlyexit/final,stop_below=0.3,reuse=0@6 \
         --drafter layerskip=layerskip:runs/layerskip@4
 
-Each `--drafter NAME=SPEC@K` is a `draftsmith eval` drafter spec and its draft length. The measurement is
+Each `--drafter NAME=SPEC@K` is a `draftsmith eval` drafter spec and its draft length (`@auto` / `@auto:N`: an
+adaptive one, each step's from 0 to 6 / N, decode.adaptive, its decisions in bench.json). The measurement is
 `draftsmith.decode.evaluate.measure` with every drafter at once (plain decoding and every drafter per prompt, in an
 order rotated per prompt, after a warm-up of each; the lossless check with near-ties). Printed per drafter: tau
 (bonus included), alpha per position, draft cost per drafted token as a fraction of a plain target step, verify
@@ -24,21 +25,22 @@ from __future__ import annotations
 import argparse
 import sys
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from draftsmith import models
 from draftsmith.acceptance import tau_from_accept_lengths
-from draftsmith.app.drafters import build_proposer, validate_spec
-from draftsmith.app.evaluate import encode_prompts, run_conditions
+from draftsmith.app.drafters import build_proposer, split_spec, validate_spec
+from draftsmith.app.evaluate import ADAPTIVE_KINDS, encode_prompts, run_conditions
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
 from draftsmith.decode.evaluate import NamedDrafter, measure
 from draftsmith.decode.flops import decode_flops
 from draftsmith.decode.report import batch_table, plot_batch_curves, plot_drafters
 from draftsmith.errors import DraftsmithError
-from draftsmith.evalsettings import EvalSettings, parse_batch_sizes
+from draftsmith.evalsettings import EvalSettings, parse_batch_sizes, parse_k
 from draftsmith.fileio import atomic_write, check_output_dir, write_json
 from draftsmith.prompts import load_prompts
 
@@ -115,18 +117,40 @@ def write_profiles(bench: dict, folder: Path, note: str = "") -> list[Path]:
     return paths
 
 
-def parse_drafters(values: list[str], batch: int = 1) -> list[tuple[str, str, int]]:
-    """`NAME=SPEC@K` strings -> (name, spec, k); checked (kinds, options) before anything loads."""
+RESULT_KEYS = (
+    "tau",
+    "alpha_per_position",
+    "speedup",
+    "speedup_decode",
+    "prefill_s",
+    "lossless",
+    "lossless_detail",
+    "per_category",
+)
+"""What bench.json keeps of each drafter's measured result (decode.evaluate.measure)."""
+
+
+def parse_drafters(values: list[str], batch: int = 1) -> list[tuple[str, str, int | str]]:
+    """`NAME=SPEC@K` strings -> (name, spec, k: an int, or "auto" / "auto:N" as written); checked (kinds, options)
+    before anything loads."""
     out = []
     for d in values:
         name, _, rest = d.partition("=")
         spec, _, k = rest.rpartition("@")
-        if not name or not spec or not k.isdigit() or int(k) < 1 or name == "plain":
+        auto = k.startswith("auto")
+        if not name or not spec or not (k.isdigit() or auto) or (not auto and int(k) < 1) or name == "plain":
             raise DraftsmithError(
-                f"--drafter {d!r} must be NAME=SPEC@K (K >= 1, NAME not 'plain'), e.g. eagle3=eagle:DIR@6"
+                f"--drafter {d!r} must be NAME=SPEC@K (K >= 1 or auto, NAME not 'plain'), e.g. eagle3=eagle:DIR@6"
             )
-        validate_spec(spec, k=int(k), batch=batch)
-        out.append((name, spec, int(k)))
+        depth, _ = parse_k(k)
+        if auto and batch > 1:
+            raise DraftsmithError(f"--drafter {d!r}: @auto decodes one prompt at a time; drop --batch-size")
+        if auto and split_spec(spec)[0] not in ADAPTIVE_KINDS:
+            raise DraftsmithError(
+                f"--drafter {d!r}: @auto needs a drafter that skips a step's draft ({', '.join(ADAPTIVE_KINDS)})"
+            )
+        validate_spec(spec, k=depth, batch=batch)
+        out.append((name, spec, k if auto else depth))
     if len({n for n, _, _ in out}) != len(out):
         raise DraftsmithError("--drafter names must be unique")
     return out
@@ -141,7 +165,7 @@ def bench(
     settings = EvalSettings(
         max_new_tokens=args.max_new_tokens,
         limit=args.limit,
-        k=max(k for _, _, k in specs),
+        k=max(parse_k(str(k))[0] for _, _, k in specs),
         batch_sizes=getattr(args, "batch_sizes", ()),
         sweep_k=getattr(args, "sweep_k", False),
     )
@@ -151,23 +175,27 @@ def bench(
     ctx = DrafterContext(
         target=target, tokenizer=tok, device=next(target.parameters()).device, target_spec=args.target
     )
-    drafters = [NamedDrafter(name, build_proposer(spec, ctx, k=k), k) for name, spec, k in specs]
+    drafters = []
+    for name, spec, k in specs:
+        depth, auto = parse_k(str(k))
+        drafters.append(NamedDrafter(name, build_proposer(spec, ctx, k=depth), depth, auto=auto))
     dec = SpeculativeDecoder(target, tok)
     encoded = encode_prompts(dec.max_positions, tok, prompts, settings)
     measured = measure(dec, drafters, prompts, encoded, settings)
     arithmetic = {d.name: decode_flops(dec, d.proposer, encoded[0], k=d.k) for d in drafters} if flops else {}
     plain = measured["plain"]
     rows = {}
-    for (name, spec, k), d in zip(specs, drafters):
-        r = measured["drafters"][name]
+    for (name, spec, _), d in zip(specs, drafters):
+        r, k = measured["drafters"][name], d.k
         costs = r["costs"] or {}
         verify_s = next(iter((costs.get("verify_s") or {}).values()), None)
         rows[name] = {
             "spec": spec,
-            "k": k,
-            **{
-                key: r[key] for key in ("tau", "alpha_per_position", "speedup", "lossless", "lossless_detail")
-            },
+            "k": f"auto:{k}" if d.auto else k,
+            **{key: r[key] for key in RESULT_KEYS},
+            # @auto: the start costs and the decisions (each prompt's own in its row)
+            "k_policy": r.get("k_policy"),
+            "min_prompt_speedup": min((p["speedup"] for p in r["prompts"] if p["speedup"]), default=None),
             "draft_cost_per_token": costs["draft_s"] / costs["step_s"] if costs else None,
             "draft_flop_share": arithmetic[name]["flop_share"] if name in arithmetic else None,
             "draft_weight_share": arithmetic[name]["weight_share"] if name in arithmetic else None,
@@ -175,7 +203,7 @@ def bench(
             "extra_bytes": extra_bytes(d.proposer, target),
             "tau_by_group": tau_by_group(r["prompts"]),
             "conditions": run_conditions(
-                settings.with_k(k),
+                replace(settings.with_k(k), adaptive_k=d.auto),
                 args.target,
                 target,
                 spec,
@@ -210,6 +238,25 @@ def print_table(out: dict) -> None:
         weights = "-" if r.get("draft_weight_share") is None else f"{r['draft_weight_share']:.3f}"
         print(f"| {m} | {r['k']} | {r['tau']:.2f} | {groups} | {alpha} | {cost} | {weights} | {share} | {verify} | {r['speedup']:.2f}x | "
               f"{r['extra_bytes'] / 2**20:.1f} | {r['lossless']} |")  # fmt: skip
+    print_categories(out)
+
+
+def print_categories(out: dict) -> None:
+    """Per prompt category: speedup end to end and after the prefills, tau; the slowest prompt; an adaptive draft
+    length's plain steps."""
+    _x = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+    print("\n| drafter | category | prompts | tau | speedup | after prefill |")
+    print("|---|---|---|---|---|---|")
+    for m, r in out["drafters"].items():
+        for cat, c in r["per_category"].items():
+            print(f"| {m} | {cat} | {c['n_prompts']} | {c['tau']:.2f} | {_x(c['speedup'])} | "
+                  f"{_x(c.get('speedup_decode'))} |")  # fmt: skip
+        line = f"{m}: slowest prompt {_x(r['min_prompt_speedup'])} of plain"
+        if r.get("k_policy"):
+            pol = r["k_policy"]
+            steps = sum(pol["chosen"].values())
+            line += f"; k auto: {pol['plain_steps']} of {steps} steps plain, k chosen {pol['chosen']}"
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="builtin:dev-eval",
         help="file, hf:dataset:split or builtin:{dev-eval,vicuna,humaneval}",
     )
-    p.add_argument("--k", type=int, default=4, help="draft tokens per step (tree depth for tree drafters)")
+    p.add_argument(
+        "--k",
+        default="4",
+        help="draft tokens per step (tree depth for tree drafters); auto = each step's from 0 (a plain step) to "
+        "6 by the acceptance measured on the prompt and the costs measured at the start (auto:N: at most N)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check on)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -57,14 +62,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from draftsmith.decode.report import batch_table, summary_table
     from draftsmith.errors import DraftsmithError
-    from draftsmith.evalsettings import EvalSettings, parse_batch_sizes
+    from draftsmith.evalsettings import EvalSettings, parse_batch_sizes, parse_k
 
     from .evaluate import evaluate
 
     if args.sweep_k and args.batch_size is None:
         raise DraftsmithError("--sweep-k measures draft lengths per batch size; pass --batch-size too")
+    k, adaptive = parse_k(args.k)
     settings = EvalSettings(
-        k=args.k,
+        k=k,
+        adaptive_k=adaptive,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from draftsmith import cpulayout, models
-from draftsmith.app.drafters import build_proposer, validate_spec
+from draftsmith.app.drafters import build_proposer, split_spec, validate_spec
 from draftsmith.compat import check_compatible
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
@@ -22,6 +22,9 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.evalsettings import EvalSettings, conditions
 from draftsmith.fileio import check_output_dir
 from draftsmith.prompts import Prompt, load_prompts, prompt_ids
+
+ADAPTIVE_KINDS = ("draft", "ngram")
+"""Drafter kinds whose proposers skip a step's draft at no cost (`adaptive_k`), which `--k auto` needs."""
 
 
 def evaluate(
@@ -48,6 +51,11 @@ def evaluate(
     settings = settings or EvalSettings()
     if out_dir is not None:  # an unwritable folder must fail now, not after all the decoding
         check_output_dir(out_dir, RESULT_FILES, overwrite)
+    if settings.adaptive_k and (kind := split_spec(drafter)[0]) not in ADAPTIVE_KINDS:
+        raise DraftsmithError(
+            f"--k auto skips drafting for the steps where it does not pay, which {kind}: drafters cannot; use a "
+            f"fixed --k, or a {' or '.join(k + ':' for k in ADAPTIVE_KINDS)} drafter"
+        )
     kind, drafter_arg = validate_spec(drafter, k=settings.k, batch=max(settings.batch_sizes, default=1))
     load_device = _device(device)  # a device this machine lacks is refused before the prompts are read
     if not isinstance(target, str):
