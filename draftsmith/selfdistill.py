@@ -20,6 +20,7 @@ both, since their greedy answers part at the quantized kernels' near-ties.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -153,42 +154,43 @@ def generate_dataset(
     done = {row["id"] for row in _iter_rows(out, manifest)} if manifest else set()
     ctx = getattr(config, "max_position_embeddings", None)
     todo = _select_prompts(plist, done, tokenizer, ctx, max_new_tokens, skip_long, max_prompt_tokens)
-    manifest = manifest or {
-        "format": FORMAT,
-        "settings": settings,
-        "target_info": models.describe(target) if isinstance(target, str) and target else {},
-        "shards": [],
-        "n_rows": 0,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / MANIFEST, manifest)
-    if not todo:
+    if not todo:  # (an empty todo with no earlier rows was refused above)
         log.info("%s: all %d prompts already answered", out, len(plist))
         return out
     todo = sorted(todo, key=lambda t: len(t[2]))  # similar lengths per batch: less left padding
-    from tqdm.auto import tqdm
+    with contextlib.ExitStack() as stack:
+        if gguf is not None:  # started before anything is written: a server failing to load leaves no folder
+            from draftsmith.llamacpp import LlamaServer, build_info
 
-    bar = tqdm(total=len(todo), desc="generate", unit="prompt", disable=not progress)
-    t0 = time.perf_counter()
-    if server is None:
-        rows = _answer_local(model, tokenizer, todo, eos, max_new_tokens, sampling, seed, batch_size, bar)
-        n_tokens = _write_rows(out, manifest, rows, shard_size)
-    elif client is not None:
-        manifest["server"] = {"engine": "openai-compatible", "url": client.base}
-        rows = _answer_server(client, settings["served_model"], todo, eos, max_new_tokens, sampling, seed,
-                              parallel, bar)  # fmt: skip
-        n_tokens = _write_rows(out, manifest, rows, shard_size)
-    else:
-        from draftsmith.llamacpp import LlamaServer, build_info
-
-        slot_ctx = max(len(ids) for _, _, ids in todo) + max_new_tokens + 8
-        with LlamaServer(gguf, alias=str(target), parallel=parallel, context=slot_ctx) as srv:
-            manifest["server"] = {"engine": "llama.cpp", "build": build_info(), "gguf": str(gguf)}
-            client = ServerClient(srv.url, str(target))
-            rows = _answer_server(
-                client, str(target), todo, eos, max_new_tokens, sampling, seed, parallel, bar
+            slot_ctx = max((len(ids) for _, _, ids in todo), default=0) + max_new_tokens + 8
+            srv = stack.enter_context(
+                LlamaServer(gguf, alias=str(target), parallel=parallel, context=slot_ctx)
             )
-            n_tokens = _write_rows(out, manifest, rows, shard_size)
+            client = ServerClient(srv.url, str(target))
+            server_info = {"engine": "llama.cpp", "build": build_info(), "gguf": str(gguf)}
+        elif client is not None:
+            server_info = {"engine": "openai-compatible", "url": client.base}
+        manifest = manifest or {
+            "format": FORMAT,
+            "settings": settings,
+            "target_info": models.describe(target) if isinstance(target, str) and target else {},
+            "shards": [],
+            "n_rows": 0,
+        }
+        if server is not None:
+            manifest["server"] = server_info
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / MANIFEST, manifest)
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), desc="generate", unit="prompt", disable=not progress)
+        t0 = time.perf_counter()
+        if client is None:
+            rows = _answer_local(model, tokenizer, todo, eos, max_new_tokens, sampling, seed, batch_size, bar)
+        else:
+            rows = _answer_server(client, settings["served_model"], todo, eos, max_new_tokens, sampling, seed,
+                                  parallel, bar)  # fmt: skip
+        n_tokens = _write_rows(out, manifest, rows, shard_size)
     bar.close()
     rate = n_tokens / (time.perf_counter() - t0)
     log.info("generated %d responses, %d tokens (%.0f tok/s) into %s", len(todo), n_tokens, rate, out)
