@@ -134,3 +134,105 @@ class LlamaServer:
         self.proc = None
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
+
+
+# ---- conversion (HF folder -> GGUF) with the build's own convert_hf_to_gguf.py ----------------------------------
+
+# llama.cpp graphs that record each layer's input (`res->t_layer_inp[il]`), which an EAGLE-3 head reads as its aux
+# features; other architectures abort the engine at the first draft ("layer input tensor is null"). Read from the
+# pinned source's src/models/*.cpp: llama.cpp (llama, mistral), qwen3.cpp, qwen3moe.cpp, and qwen2.cpp through the
+# build's patch. Keys are HF `model_type`s.
+EAGLE3_TARGET_TYPES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2 (patched)",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3moe",
+}
+
+
+def converter() -> Path:
+    """The build's convert_hf_to_gguf.py (its gguf-py and conversion/ beside it)."""
+    path = build_dir() / "convert_hf_to_gguf.py"
+    if not path.is_file():
+        raise DraftsmithError(f"llama.cpp's convert_hf_to_gguf.py is not in {build_dir()}; {BUILD_HINT}")
+    return path
+
+
+def converter_architectures() -> frozenset[str]:
+    """HF `architectures` names the build's converter registers (read from its source, nothing imported)."""
+    import re
+
+    names: set[str] = set()
+    folder = converter().parent / "conversion"
+    for f in sorted(folder.glob("*.py")) if folder.is_dir() else [converter()]:
+        for block in re.findall(r"@ModelBase\.register\(([^)]*)\)", f.read_text(errors="replace")):
+            names.update(re.findall(r"\"([A-Za-z0-9_]+)\"", block))
+    return frozenset(names)
+
+
+def convert(
+    src: str | os.PathLike,
+    out_file: str | os.PathLike,
+    *,
+    outtype: str = "f16",
+    target_dir: str | os.PathLike | None = None,
+    timeout: float = 3600.0,
+) -> Path:
+    """Run the build's converter on the HF folder `src` into `out_file` (`target_dir`: the target's HF folder, which
+    EAGLE-3 and DFlash drafts take their tokenizer and layer count from). Its last lines are the error on failure."""
+    import sys
+
+    out_file = Path(out_file)
+    cmd = [sys.executable, str(converter()), str(src), "--outfile", str(out_file), "--outtype", outtype]
+    if target_dir is not None:
+        cmd += ["--target-model-dir", str(target_dir)]
+    # the converter's own gguf package, not whatever version is installed
+    gguf_py = str(converter().parent / "gguf-py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [gguf_py, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    if proc.returncode != 0 or not out_file.is_file():
+        lines = [ln for ln in (proc.stderr + proc.stdout).strip().splitlines() if ln.strip()]
+        missing = next((ln for ln in lines if "ModuleNotFoundError" in ln), None)
+        if missing:
+            raise DraftsmithError(
+                f"llama.cpp's converter needs a Python package: {missing.split(':', 1)[-1].strip()}; "
+                "pip install it into this environment"
+            )
+        raise DraftsmithError(f"llama.cpp's converter failed on {src}: {' | '.join(lines[-2:])[:400]}")
+    return out_file
+
+
+# ---- requests -------------------------------------------------------------------------------------------------
+
+
+def complete_ids(
+    url: str, prompt: list[int], n_predict: int, timeout: float = 600.0, extra: dict | None = None
+) -> dict:
+    """One greedy completion of token ids by a llama-server: {"tokens": ids, "timings": {...}, "stop_type": ...}.
+    Greedy = top-1 of the raw logits (top_k 1, no penalties); the prompt cache is off so every request prefills.
+    `extra`: more request fields (n_probs: the top log-probs of each generated token)."""
+    import json
+
+    body = {
+        "prompt": list(map(int, prompt)),
+        "n_predict": int(n_predict),
+        "temperature": 0.0,
+        "top_k": 1,
+        "samplers": ["top_k"],
+        "repeat_penalty": 1.0,
+        "return_tokens": True,
+        "cache_prompt": False,
+        "stream": False,
+        **(extra or {}),
+    }
+    req = urllib.request.Request(
+        url + "/completion", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except OSError as e:
+        raise DraftsmithError(f"llama-server at {url} failed a completion: {e}") from None

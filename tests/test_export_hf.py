@@ -88,7 +88,7 @@ def test_hf_export_bad_inputs(tmp_path):
     with pytest.raises(DraftsmithError, match="no tokenizer"):
         export(src, "hf", tmp_path / "o")
     with pytest.raises(DraftsmithError, match="unknown export format"):
-        export(src, "gguf", tmp_path / "o")
+        export(src, "onnx", tmp_path / "o")
     (src / "model.safetensors").unlink()
     with pytest.raises(DraftsmithError, match="safetensors"):
         export(src, "hf", tmp_path / "o")

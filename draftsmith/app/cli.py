@@ -32,6 +32,10 @@ COMMANDS = {
     "eval": ("draftsmith.app.eval", "measure a drafter: acceptance, tau, speedup over plain decoding"),
     "check": ("draftsmith.app.cli", "check that a draft's tokenizer matches a target's (no weights loaded)"),
     "export": ("draftsmith.app.export", "export a checkpoint for transformers, vLLM or SGLang"),
+    "bench-engine": (
+        "draftsmith.app.enginebench",
+        "measure drafters inside llama.cpp beside draftsmith's decoder",
+    ),
     "push": ("draftsmith.app.push", "publish a checkpoint with a model card to the Hugging Face Hub"),
     "layerskip": (
         "draftsmith.app.layerskip",

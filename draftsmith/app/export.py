@@ -4,12 +4,14 @@
     draftsmith export runs/eagle3/final  --format sglang-eagle3 --out exports/eagle3-sglang
     draftsmith export runs/eagle3/final  --format speculators   --out exports/eagle3-vllm
     draftsmith export runs/distill/final --format hf            --out exports/draft-hf
+    draftsmith export runs/eagle3/final  --format gguf          --out exports/eagle3-gguf   # llama.cpp
 
 Every head export checks the exact tensor-name set and shapes, before and after mapping (engines ignore unknown
 names and run with random weights), is written to a temporary folder and renamed into place, and carries
 `draftsmith_export.json`: the format, source, target and how the aux-layer ids were converted. The formats a
 checkpoint exports to are its kind's record's (draftsmith.kinds ExportFormat: heads.<family>.export, the draft LM's
-in app.exporters.hf).
+in app.exporters.hf); `gguf` (llama.cpp, through its own converter) is app.exporters.gguf's, for the kinds llama.cpp
+runs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import shutil
 from pathlib import Path
 
 from draftsmith.app.drafters import DRAFTERS
+from draftsmith.app.exporters import gguf
 from draftsmith.checkpoint import EXPORT_MANIFEST, Checkpoint, read_checkpoint
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import check_output_dir, replace_dir
@@ -33,7 +36,7 @@ log = logging.getLogger(__name__)
 
 def formats() -> list[str]:
     """Every format some kind exports to (its record's ExportFormat names)."""
-    return sorted({f.name for rec in DRAFTERS.values() for f in rec.exports})
+    return sorted({gguf.GGUF, *(f.name for rec in DRAFTERS.values() for f in rec.exports)})
 
 
 def export(
@@ -43,15 +46,24 @@ def export(
     force: bool = False,
     speculative_tokens: int = 3,
     verifier: str | None = None,
+    gguf_type: str = "f16",
 ) -> Path:
     """Export `checkpoint` as `fmt` into `out` (written to a temporary sibling, then renamed). Returns out.
-    `verifier`: speculators formats only, the target's Hub id or folder to name (default: recorded with the head)."""
+    `verifier`: speculators formats, the target's Hub id or folder to name (default: recorded with the head); gguf,
+    the target's HF folder the converter reads. `gguf_type`: the GGUF tensor type (f32, f16, bf16, q8_0)."""
     if fmt not in formats():
         raise DraftsmithError(f"unknown export format {fmt!r}; choose one of {formats()}")
-    if verifier and not any(
-        f.names_verifier for rec in DRAFTERS.values() for f in rec.exports if f.name == fmt
+    if (
+        verifier
+        and fmt != gguf.GGUF
+        and not any(f.names_verifier for rec in DRAFTERS.values() for f in rec.exports if f.name == fmt)
     ):
-        raise DraftsmithError(f"--verifier applies to the speculators formats only, not {fmt}")
+        raise DraftsmithError(
+            f"--verifier applies to the speculators formats only (and to gguf: the target folder), not {fmt}"
+        )
+    if gguf_type != "f16" and fmt != gguf.GGUF:
+        raise DraftsmithError(f"--gguf-type applies to --format gguf only, not {fmt}")
+    gguf.format_for("draft", gguf_type)  # a bad --gguf-type is refused before the checkpoint is read
     if speculative_tokens < 1:
         raise DraftsmithError(f"--speculative-tokens must be >= 1, got {speculative_tokens}")
     out = Path(out).expanduser()
@@ -60,7 +72,12 @@ def export(
         raise DraftsmithError(f"{out} already exists and is not empty; choose another --out or pass --force")
     ckpt = read_checkpoint(checkpoint, DRAFTERS)
     rec = DRAFTERS[ckpt.kind]
-    writer = rec.format(fmt)
+    writer = gguf.format_for(ckpt.kind, gguf_type) if fmt == gguf.GGUF else rec.format(fmt)
+    if writer is None and fmt == gguf.GGUF:
+        raise DraftsmithError(
+            gguf.refusal(ckpt, rec.title, rec.format_names())
+            + f" --drafter {spec_for(DRAFTERS, ckpt.kind) or ckpt.kind}:{ckpt.path}"
+        )
     if writer is None:
         names = rec.format_names()
         raise DraftsmithError(
@@ -118,8 +135,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--verifier",
-        help="speculators formats only: the target's Hub id (portable) or folder, as vLLM should load it "
-        "(default: the one recorded with the head)",
+        help="speculators formats: the target's Hub id (portable) or folder, as vLLM should load it; gguf: the "
+        "target's HF folder for llama.cpp's converter (default: the one recorded with the head)",
+    )
+    p.add_argument(
+        "--gguf-type",
+        default="f16",
+        choices=gguf.GGUF_TYPES,
+        help="gguf only: tensor type of the GGUF file (default f16)",
     )
 
 
@@ -131,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         speculative_tokens=args.speculative_tokens,
         verifier=args.verifier,
+        gguf_type=args.gguf_type,
     )
     print(f"wrote {args.fmt} export to {out}")
     for name in sorted(os.listdir(out)):

@@ -1,0 +1,185 @@
+"""llama.cpp runs draftsmith's drafters: GGUF export through llama.cpp's converter, plain and speculative decoding in
+llama-server (lossless there, tau within tolerance of draftsmith's decoder), and the refusals.
+
+The engine tests need the pinned build (WITH_LLAMACPP=1 bash scripts/setup.sh) and skip without it; the refusals
+need no build. Tiny random models in fp32 (a GGUF in f32: the engine and the decoder compute the same numbers).
+"""
+
+import io
+import json
+
+import pytest
+import torch
+
+from draftsmith import llamacpp
+from draftsmith.app.export import export
+from draftsmith.errors import DraftsmithError
+from draftsmith.prompts import Prompt
+
+needs_build = pytest.mark.skipif(
+    not llamacpp.available(), reason=f"llama.cpp not built; {llamacpp.BUILD_HINT}"
+)
+
+AUX = [1, 2, 3]  # inputs of target layers 1..3 of a 4-layer target
+PROMPTS = [
+    Prompt([{"role": "user", "content": "The quick brown fox jumps over the lazy dog."}], id="a"),
+    Prompt([{"role": "user", "content": "def add(a, b): return a + b"}], id="b"),
+    Prompt([{"role": "user", "content": "Question: what is 12 plus 30?"}], id="c"),
+]
+
+
+def _with_spm_tokenizer(folder):
+    """Add a SentencePiece tokenizer.model (same corpus, ids bos 1 / eos 2 as the tiny BPE): llama.cpp's converter
+    recognises BPE tokenizers by a hash of known pre-tokenizers, which the tiny BPE is not, and reads a
+    tokenizer.model first. Requests send token ids, so the engine's vocabulary only has to cover them."""
+    import sentencepiece as spm
+
+    from draftsmith import testing
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(testing._CORPUS), model_writer=buf, vocab_size=340, hard_vocab_limit=False,
+        byte_fallback=True, model_type="bpe", minloglevel=2,
+    )  # fmt: skip
+    (folder / "tokenizer.model").write_bytes(buf.getvalue())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 4-layer tiny Llama target, a draft LM (the target with noise on its MLPs: it agrees with the target on
+    some tokens, not all) and an EAGLE-3 head for it (random weights)."""
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.heads.eagle.model import EagleHead
+    from draftsmith.heads.io import save_head
+    from draftsmith.models import load_tokenizer
+    from draftsmith.testing import save_tiny
+
+    root = tmp_path_factory.mktemp("lcpp")
+    target = _with_spm_tokenizer(save_tiny(root / "target", seed=0, num_hidden_layers=4))
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    noisy = AutoModelForCausalLM.from_pretrained(target).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, w in noisy.named_parameters():
+            if ".mlp." in name:
+                w.add_(0.1 * w.std() * torch.randn(w.shape, generator=g))
+    noisy.save_pretrained(root / "draft")
+    load_tokenizer(str(target)).save_pretrained(root / "draft")
+    draft = _with_spm_tokenizer(root / "draft")
+    torch.manual_seed(0)
+    head = EagleHead.from_target(
+        model, "eagle3", draft_vocab_ids=torch.arange(0, model.config.vocab_size, 2), aux_layers=AUX
+    )
+    save_head(head, root / "eagle3")
+    return {"root": root, "target": target, "draft": draft, "head": root / "eagle3", "model": model}
+
+
+# ---- refusals (no build needed) ---------------------------------------------------------------------------------
+
+
+def test_medusa_refused_in_one_line_naming_what_works(tiny, tmp_path, capsys):
+    from draftsmith.app.cli import main
+    from draftsmith.heads.io import save_head
+    from draftsmith.heads.medusa.model import MedusaHeads
+
+    save_head(MedusaHeads.from_target(tiny["model"], num_heads=2, num_layers=1), tmp_path / "medusa")
+    status = main(["export", str(tmp_path / "medusa"), "--format", "gguf", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and err[0].startswith("error: ")
+    assert (
+        "llama.cpp has no Medusa" in err[0] and "--format vllm-medusa" in err[0] and "draft-eagle3" in err[0]
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_eagle3_for_a_target_llama_cpp_cannot_feed_is_refused(tmp_path):
+    """phi3's llama.cpp graph records no layer inputs: the engine would abort at the first draft."""
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.heads.eagle.model import EagleHead
+    from draftsmith.heads.io import save_head
+    from draftsmith.testing import save_tiny
+
+    target = save_tiny(tmp_path / "phi3", seed=0, arch="phi3", num_hidden_layers=4)
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    save_head(EagleHead.from_target(model, "eagle3", aux_layers=AUX), tmp_path / "head")
+    with pytest.raises(DraftsmithError, match="cannot draft for a 'phi3' target.*sglang-eagle3"):
+        export(tmp_path / "head", "gguf", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_gguf_type_and_engine_drafter_refused_before_work(tiny, tmp_path):
+    from draftsmith.app.enginebench import bench
+
+    with pytest.raises(DraftsmithError, match="--gguf-type 'q4' is not one of"):
+        export(tiny["head"], "gguf", tmp_path / "o", gguf_type="q4")
+    with pytest.raises(DraftsmithError, match="--gguf-type applies to --format gguf only"):
+        export(tiny["head"], "sglang-eagle3", tmp_path / "o", gguf_type="f32")
+    with pytest.raises(DraftsmithError, match="engine drafter 'medusa:x' is not one of"):
+        bench(str(tiny["target"]), ["medusa:x"], PROMPTS)
+    assert not (tmp_path / "o").exists()
+
+
+# ---- in the engine ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target_gguf(tiny):
+    return llamacpp.convert(tiny["target"], tiny["root"] / "target.f32.gguf", outtype="f32")
+
+
+@pytest.mark.llamacpp
+@needs_build
+def test_converted_target_decodes_greedy_like_transformers(tiny, target_gguf):
+    """Conversion + llama-server: the engine's greedy tokens are the HF model's (fp32 both)."""
+    from draftsmith.models import load_tokenizer
+    from draftsmith.prompts import prompt_ids
+    from draftsmith.testing import recompute_greedy
+
+    tok = load_tokenizer(str(tiny["target"]))
+    with llamacpp.LlamaServer(target_gguf, alias="t", context=256) as server:
+        for p in PROMPTS:
+            ids = prompt_ids(tok, p)
+            got = llamacpp.complete_ids(server.url, ids, 16)
+            assert got["tokens"] == recompute_greedy(tiny["model"], torch.tensor([ids]), 16)
+
+
+@pytest.mark.llamacpp
+@needs_build
+def test_eagle3_gguf_export_files(tiny, tmp_path):
+    out = export(tiny["head"], "gguf", tmp_path / "g", gguf_type="f32")
+    manifest = json.loads((out / "draftsmith_export.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == ["draftsmith_export.json", "eagle3.f32.gguf"]
+    assert manifest["format"] == "gguf" and manifest["target_dir"] == str(tiny["target"].resolve())
+    assert manifest["aux_hidden_state_layer_ids_draftsmith"] == AUX
+    from gguf import GGUFReader  # the installed gguf package reads what the build's converter wrote
+
+    reader = GGUFReader(out / "eagle3.f32.gguf")
+    assert reader.fields["general.architecture"].contents() == "eagle3"
+    layers = next(f for name, f in reader.fields.items() if name.endswith("target_layers"))
+    assert list(layers.contents()) == AUX  # layer inputs, as llama.cpp's t_layer_inp reads them
+
+
+@pytest.mark.llamacpp
+@needs_build
+@pytest.mark.parametrize("kind", ["eagle3", "draft"])
+def test_speculative_in_engine_is_lossless_and_tau_matches_decoder(tiny, target_gguf, kind, monkeypatch):
+    from draftsmith.app.enginebench import bench
+
+    monkeypatch.setenv(
+        "DRAFTSMITH_CPU_LAYOUT", "off"
+    )  # no layout tuning of a tiny model: seconds, not minutes
+    spec = f"eagle3:{tiny['head']}" if kind == "eagle3" else f"draft:{tiny['draft']}"
+    result = bench(str(tiny["target"]), [spec], PROMPTS, k=3, max_new_tokens=24, decoder=True, gguf_type="f32",
+                   threads=2, target_gguf_file=str(target_gguf))  # fmt: skip
+    d = result["drafters"][spec]
+    assert d["lossless"] == {"identical": 3, "near_tie": 0, "differ": 0, "passed": True, "of": 3}
+    assert all(r["draft_n"] > 0 for r in result["rows"][spec])  # it drafted on every prompt
+    assert 1.0 <= d["tau"] <= 4.0 and d["predicted_speedup"] is not None and d["draft_token_ms"] is not None
+    c = d["consistency"]
+    assert c["decoder_lossless"] is True
+    assert c["passed"], c  # tau within 10% of draftsmith's decoder on the same prompts and k
+    if kind == "draft":  # the noisy copy agrees on some drafts, not all: tau measures something in both
+        assert 1.2 < d["tau"] < 3.9 and 0.05 < d["accept_rate"] < 0.97
