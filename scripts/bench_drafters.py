@@ -1,6 +1,7 @@
 """Drafters side by side (any `draftsmith eval` specs), ONE process, same target, prompts and settings (greedy).
 
-    python scripts/bench_drafters.py --prompts builtin:dev-eval --limit 12 --max-new-tokens 64 \
+    python scripts/bench_drafters.py --prompts builtin:dev-eval --prompts shared:spec-bench-half --limit 12 \
+        --max-new-tokens 64 \
         --drafter eagle3=eagle:runs/heads-eagle3/final,top_k=6,depth=3,total_tokens=10@6 \
         --drafter earlyexit=earlyexit:runs/earlyexit/final,stop_below=0.3@6 \
         --drafter earlyexit-noreuse=earlyexit:runs/earlyexit/final,stop_below=0.3,reuse=0@6 \
@@ -130,6 +131,13 @@ RESULT_KEYS = (
 """What bench.json keeps of each drafter's measured result (decode.evaluate.measure)."""
 
 
+def sources(prompts: str | list[str] | None) -> list[str]:
+    """--prompts as given once, several times, or not at all (builtin:dev-eval)."""
+    if not prompts:
+        return ["builtin:dev-eval"]
+    return [prompts] if isinstance(prompts, str) else list(prompts)
+
+
 def parse_drafters(values: list[str], batch: int = 1) -> list[tuple[str, str, int | str]]:
     """`NAME=SPEC@K` strings -> (name, spec, k: an int, or "auto" / "auto:N" as written); checked (kinds, options)
     before anything loads."""
@@ -169,7 +177,7 @@ def bench(
         batch_sizes=getattr(args, "batch_sizes", ()),
         sweep_k=getattr(args, "sweep_k", False),
     )
-    prompts = load_prompts(args.prompts, limit=settings.limit)
+    prompts = [p for source in sources(args.prompts) for p in load_prompts(source, limit=settings.limit)]
     tok = tok or models.load_tokenizer(args.target)
     target = target or models.load_model(args.target, dtype=args.dtype, inference=True)
     ctx = DrafterContext(
@@ -208,7 +216,7 @@ def bench(
                 target,
                 spec,
                 d.proposer,
-                source=args.prompts,
+                source="+".join(sources(args.prompts)),
                 n_prompts=len(prompts),
             ),  # fmt: skip
             "prompts": r["prompts"],
@@ -262,8 +270,13 @@ def print_categories(out: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--prompts", default="builtin:dev-eval")
-    ap.add_argument("--limit", type=int, default=12)
+    ap.add_argument(
+        "--prompts",
+        action="append",
+        help="a prompt source (default builtin:dev-eval); repeat to mix sets, e.g. --prompts builtin:dev-eval "
+        "--prompts shared:spec-bench-half (results per category)",
+    )
+    ap.add_argument("--limit", type=int, default=12, help="the first N prompts of each --prompts source")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--drafter", action="append", required=True, help="NAME=SPEC@K (repeatable)")
     ap.add_argument("--out", default="runs/bench_drafters")
