@@ -23,6 +23,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DRAFTSMITH_CACHE", Path.home() / ".cache" / "draftsmith"))
 
 
+def check_cache_dir() -> Path:
+    """Refuse a DRAFTSMITH_CACHE that is a file or lies under one, before any command spends time on what it would
+    keep there (a dequantized GGUF is written there after minutes of work)."""
+    path = cache_dir()
+    base = path
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise DraftsmithError(
+            f"DRAFTSMITH_CACHE={path}: {base} is a file, not a folder; point it to a folder or unset it "
+            "(default ~/.cache/draftsmith)"
+        )
+    return path
+
+
 def temp_path(path: str | os.PathLike) -> Path:
     path = Path(path)
     return path.with_name(f".tmp{os.getpid()}.{path.name}")

@@ -80,8 +80,10 @@ def train_main(
     accelerator = None
     try:
         from draftsmith import cpulayout
+        from draftsmith.fileio import check_cache_dir
 
         cpulayout.mode()  # the environment's switches are checked before any recipe loads or writes
+        check_cache_dir()
         cfg = load_config(config_cls, args.config, args.overrides)
         accelerator = make_engine(args, cfg.train)
         result = run_fn(

@@ -106,7 +106,13 @@ def check_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, ov
     if overwrite:
         return
     run_yaml = out / "run.yaml"
-    old = yaml.safe_load(run_yaml.read_text()) if run_yaml.is_file() else None
+    try:
+        old = yaml.safe_load(run_yaml.read_text()) if run_yaml.is_file() else None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise DraftsmithError(
+            f"{run_yaml} is damaged ({type(e).__name__}); restore it to resume the run, or pass --overwrite to "
+            "start it again"
+        ) from None
     if run_config is not None and old is not None and _strip_resumable(old) != _strip_resumable(run_config):
         diff = _first_diff(_strip_resumable(old), _strip_resumable(run_config))
         raise DraftsmithError(
@@ -116,6 +122,8 @@ def check_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, ov
         raise DraftsmithError(
             f"{out} already holds this run; pass --resume to continue it or --overwrite to restart"
         )
+    # a log broken before its last line is refused now, not after the load (a torn last line is said on resuming)
+    read_events(out / "metrics.jsonl", warn=False)
     ckpts = list_checkpoints(out)
     if ckpts:  # a damaged checkpoint is refused now, before the caller loads any weights for it
         read_checkpoint_state(ckpts[-1])
@@ -183,21 +191,26 @@ def claim_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, ov
     return fh
 
 
-def read_events(path: str | Path) -> list[dict]:
-    """metrics.jsonl's events. A torn LAST line (the writer died mid-write) is skipped with a warning; a broken
-    line elsewhere is corruption (DraftsmithError)."""
+def read_events(path: str | Path, warn: bool = True) -> list[dict]:
+    """metrics.jsonl's events. A torn LAST line (the writer died mid-write) is skipped with a warning (`warn`); a
+    broken line elsewhere is corruption (DraftsmithError)."""
     path = Path(path)
     if not path.is_file():
         return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    # numbered as in the file (blank lines are skipped, not renumbered)
+    lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), start=1) if line.strip()]
     events = []
-    for i, line in enumerate(lines):
+    for i, (n, line) in enumerate(lines):
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError:
             if i < len(lines) - 1:
-                raise DraftsmithError(f"{path} line {i + 1} is not JSON; the log is corrupt") from None
-            log.warning("%s: dropped a torn last line (the run was killed while writing it)", path)
+                raise DraftsmithError(
+                    f"{path} line {n} is not JSON; the log is corrupt: restore it to resume, or pass --overwrite "
+                    "to start the run again"
+                ) from None
+            if warn:
+                log.warning("%s: dropped a torn last line (the run was killed while writing it)", path)
     return events
 
 

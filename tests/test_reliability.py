@@ -121,6 +121,38 @@ def test_damaged_checkpoint_is_refused_before_the_target_loads(
     assert f.parent.name in err and name in err and "delete" in err
 
 
+@pytest.mark.parametrize("damage", ["run.yaml", "metrics.jsonl"])
+def test_a_damaged_run_file_is_refused_before_the_target_loads(damage, heads_run, capsys, no_model_loads):
+    out = heads_run["out"]
+    f = out / damage
+    good = f.read_text()
+    # run.yaml that is not YAML; a metrics line broken before the last one (file line 3, after a blank line)
+    f.write_text("{: not yaml\n" if damage == "run.yaml" else good.replace("\n", "\n\n{torn\n", 1))
+    try:
+        before = _snapshot(out)
+        err = _refused(capsys, _script("heads").main(_resume(heads_run, 4)), out, before)
+    finally:
+        f.write_text(good)
+    assert str(f) in err and "--overwrite" in err
+    assert damage == "run.yaml" or "line 3" in err
+
+
+@pytest.mark.parametrize("where", ["a-file", "under-a-file"])
+@pytest.mark.parametrize("entry", ["eval", "train/heads.py"])
+def test_a_cache_folder_that_is_a_file_is_refused_at_once(entry, where, tiny_dirs, tmp_path, capsys, monkeypatch,
+                                                          no_model_loads):  # fmt: skip
+    (tmp_path / "a_file").write_text("not a folder\n")
+    cache = tmp_path / "a_file" if where == "a-file" else tmp_path / "a_file" / "cache"
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(cache))
+    argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'run'}", "head.kind=medusa"]
+    before = _snapshot(tmp_path)
+    if entry == "eval":
+        rc = main(["eval", "--target", "smollm2-135m", "--drafter", "ngram:", "--prompts", "builtin:vicuna"])
+    else:
+        rc = _script("heads").main(argv)
+    assert "DRAFTSMITH_CACHE" in _refused(capsys, rc, tmp_path, before)
+
+
 def test_truncated_hidden_cache_shard_is_discarded_in_one_line_and_recomputed(tiny_dirs, tmp_path, capsys):
     out = tmp_path / "run"
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={out}", "train.max_steps=2", *HEADS_ARGS]
@@ -192,6 +224,18 @@ def test_heads_max_length_beyond_the_context_is_refused_before_the_target_loads(
     argv += [a for a in HEADS_ARGS if "max_length" not in a] + ["data.max_length=1024"]
     err = _refused(capsys, _script("heads").main(argv), tmp_path, before)
     assert "data.max_length=1024" in err and "512" in err
+
+
+def test_a_heads_data_record_without_its_response_is_refused_before_the_target_loads(
+    tiny_dirs, tmp_path, capsys, no_model_loads
+):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "Say hi", "response": "hi"}\n\n{"prompt": "Say hello"}\n')
+    before = _snapshot(tmp_path)
+    argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'run'}", "train.max_steps=1"]
+    argv += [a for a in HEADS_ARGS if "data.source" not in a] + [f"data.source={pairs}"]
+    err = _refused(capsys, _script("heads").main(argv), tmp_path, before)
+    assert "record 2 has no response" in err and "line 3 of the file" in err
 
 
 @pytest.mark.parametrize("trainer", ["heads", "distill"])

@@ -91,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from draftsmith import cpulayout  # here, not at the top: `draftsmith --help` does not need torch
         from draftsmith.deferred import defer_deepspeed
+        from draftsmith.fileio import check_cache_dir
 
         cpulayout.enabled()  # the environment's switches are checked before any command loads or writes
+        check_cache_dir()
         defer_deepspeed()  # no command imports DeepSpeed unless it uses it (draftsmith.deferred)
         return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
     except DraftsmithError as e:
