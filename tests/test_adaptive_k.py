@@ -62,10 +62,10 @@ def test_the_drafting_cost_is_measured_on_the_request():
         assert abs(policy.draft_s - seconds) < 0.01 and policy.choose() == want, (seconds, policy.rates())
 
 
-def _mixing(**kw) -> AdaptiveK:
-    """A policy that keeps switching on a tiny random draft: drafting pays at the prior, stops paying once a few
-    rejections are counted, and is probed again every other plain step."""
-    return _policy(0.3, prior_alpha=0.7, prior_steps=1.0, probe_every=2, **kw)
+def _mixing() -> AdaptiveK:
+    """A policy that switches whatever the tiny random draft's acceptance: drafting costs more than it returns, so
+    plain steps, and every other step a probe at the k the acceptance measured so far favours."""
+    return _policy(1.2, probe_every=2)
 
 
 def test_greedy_adaptive_decoding_is_lossless(tiny_target, tiny_draft):
@@ -79,10 +79,9 @@ def test_greedy_adaptive_decoding_is_lossless(tiny_target, tiny_draft):
     for proposer in drafters:
         policy = _mixing()
         results = assert_greedy_lossless(dec, proposer, prompts, k=policy, max_new_tokens=32)
-        chosen = [k for r in results for k in r.k_policy["k_steps"]]
-        # (n-gram lookup mostly finds nothing here, and the unsure tiny draft stops before drafting: nothing to learn)
-        if proposer.name == "draft" and not proposer.stop_below:
-            assert "0" in chosen and any(c != "0" for c in chosen), (proposer.name, chosen)
+        for r in results:  # plain steps, and drafts right after them (the draft catches up on what it missed)
+            steps = r.k_policy["k_steps"]
+            assert steps[0] == "0" and steps[1] != "0" and "0" in steps[2:], steps
         assert all(r.k_policy["chosen"] for r in results)
         # a plain step under the policy verifies the root alone
         for r in results:
