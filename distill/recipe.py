@@ -421,17 +421,19 @@ def setup(cfg: DistillConfig, device: torch.device, target=None, tokenizer=None)
         raise DraftsmithError(
             f"eval.train_sample={cfg.eval.train_sample} exceeds the {len(train_ex)} training examples; lower it"
         )
-    if target is None:
-        target = models.load_model(
-            m.target, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code
-        )
-    target.eval().requires_grad_(False)
-    ctx = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+    # the context from the target's config: a data.max_length beyond it is refused before the weights load
+    target_config = target.config if target is not None else models.load_config(m.target, m.trust_remote_code)
+    ctx = getattr(target_config.get_text_config(), "max_position_embeddings", None)
     if ctx and d.max_length > ctx:
         raise DraftsmithError(
             f"data.max_length={d.max_length} exceeds the target's context ({ctx} tokens, "
             f"max_position_embeddings); set data.max_length <= {ctx}"
         )
+    if target is None:
+        target = models.load_model(
+            m.target, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code
+        )
+    target.eval().requires_grad_(False)
     vocab = target.config.get_text_config().vocab_size
     set_seed(cfg.train.seed)  # before the draft is built: init=fresh (and LoRA) draw random weights
     draft, info = build_draft(m, target, device)

@@ -216,13 +216,17 @@ def test_hidden_cache_path_is_checked_before_the_target_loads(
     assert "data.hidden_cache" in err
 
 
-def test_heads_max_length_beyond_the_context_is_refused_before_the_target_loads(
-    tiny_dirs, tmp_path, capsys, no_model_loads
+@pytest.mark.parametrize("trainer", ["heads", "distill"])
+def test_max_length_beyond_the_context_is_refused_before_the_target_loads(
+    trainer, tiny_dirs, tmp_path, capsys, no_model_loads
 ):
     before = _snapshot(tmp_path)
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'run'}", "train.max_steps=1"]
-    argv += [a for a in HEADS_ARGS if "max_length" not in a] + ["data.max_length=1024"]
-    err = _refused(capsys, _script("heads").main(argv), tmp_path, before)
+    if trainer == "heads":
+        argv += [a for a in HEADS_ARGS if "max_length" not in a]
+    else:
+        argv += ["data.source=[builtin:train-text]", "data.policy=fixed", "data.limit=8", "data.eval_size=2"]
+    err = _refused(capsys, _script(trainer).main([*argv, "data.max_length=1024"]), tmp_path, before)
     assert "data.max_length=1024" in err and "512" in err
 
 
