@@ -21,7 +21,7 @@ import transformers
 from draftsmith.cpulayout import TunedLinear
 from draftsmith.errors import DraftsmithError
 from draftsmith.gqa import use_packed_gqa
-from draftsmith.modeling import last_rows
+from draftsmith.modeling import last_rows, rollback_cache
 from draftsmith.models import eos_token_ids
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 
@@ -135,11 +135,7 @@ class SpeculativeDecoder:
         return max(static_len(tokens), self.reserved) if self.static else tokens
 
     def _new_cache(self, max_len: int):
-        from transformers import DynamicCache, StaticCache
-
-        if self.static:
-            return StaticCache(config=self.target.config, max_cache_len=max_len)
-        return DynamicCache(config=self.target.config)
+        return rollback_cache(self.target.config, max_len if self.static else None)
 
     def _forward(self, ids, cache, layers, logits_to_keep: int = 0, eager: bool = False, **kw):
         """Target forward -> (logits [B, n, V] for the last `logits_to_keep` rows (0 = all), hidden per layer).
@@ -281,7 +277,8 @@ class SpeculativeDecoder:
         # a tree block briefly occupies 1 + N cache rows before compaction (static buffers must hold them)
         nodes = proposal_nodes(run.proposer, k)
         max_len = self._cache_len(T + max_new_tokens + 1 + nodes)
-        run.ragged = RaggedCache(self._new_cache(max_len), pads, kv_len=max_len if self.static else None)
+        kv_len = max_len if self.static else None
+        run.ragged = RaggedCache(self._new_cache(max_len), pads, kv_len=kv_len, config=self.target.config)
         kw = run.ragged.prefill_inputs(T, self.target.dtype, self.device)
         logits, run.prefill_hidden = self._forward(ids, run.ragged.cache, run.layers, 1, eager=True, **kw)
         run.ragged.prefilled(T)

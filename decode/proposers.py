@@ -11,6 +11,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.gqa import use_packed_gqa
+from draftsmith.modeling import rollback_cache
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 from draftsmith.vocab import softcap_logits
 from draftsmith.woq import GROUP, quantize_linear, quantize_linears
@@ -174,8 +175,6 @@ class DraftModelProposer:
     def _new_cache(self, tokens: torch.Tensor, pad: list[int], k: int = 0) -> None:
         """An empty cache for prompts `tokens` [B, L], fed by the next propose (static buffers: room for k drafted
         tokens and CACHE_ROOM more)."""
-        from transformers import DynamicCache, StaticCache
-
         if self.compiles:
             need = tokens.shape[1] + k + (0 if self.reserved else self.CACHE_ROOM)
             static = getattr(self, "cache", None)
@@ -185,10 +184,10 @@ class DraftModelProposer:
                 static, room = static.cache, static.kv_len
             else:
                 room = max(static_len(need), self.reserved)
-                static = StaticCache(config=self.model.config, max_cache_len=room)
-            self.cache = RaggedCache(static, pad, kv_len=room)
+                static = rollback_cache(self.model.config, room)
+            self.cache = RaggedCache(static, pad, kv_len=room, config=self.model.config)
         else:
-            self.cache = RaggedCache(DynamicCache(config=self.model.config), pad)
+            self.cache = RaggedCache(rollback_cache(self.model.config), pad, config=self.model.config)
         self.prefill = tokens.to(self.device)
         self._first = None
 
@@ -203,6 +202,9 @@ class DraftModelProposer:
         return softcap_logits(self.model.config, self.model.get_output_embeddings()(h)[:, : self.out_size])
 
     def retain(self, rows: list[int]) -> None:
+        if self.prefill is not None:  # a row ended before the prompts were fed: drop it there
+            trim = min(self.cache.pads[r] for r in rows)
+            self.prefill = self.prefill[torch.tensor(rows, device=self.prefill.device), trim:]
         self.cache.retain(rows)
         self.seq = [self.seq[r] for r in rows]
         self._first = None if self._first is None else self._first[rows]

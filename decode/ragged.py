@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
+from draftsmith.modeling import window_masks
+
 from .cache import compact_cache, crop_to
 
 
@@ -39,9 +41,12 @@ def block_visibility(parents: Sequence[Sequence[int]], n: int, device) -> torch.
 class RaggedCache:
     """Per-row bookkeeping for an HF Dynamic/StaticCache holding B left-padded rows (module docstring)."""
 
-    def __init__(self, cache, pads: Sequence[int], *, kv_len: int | None = None):
-        """pads: left padding per row. kv_len: the key length of a static cache's buffers (None: dynamic)."""
+    def __init__(self, cache, pads: Sequence[int], *, kv_len: int | None = None, config=None):
+        """pads: left padding per row. kv_len: the key length of a static cache's buffers (None: dynamic). config:
+        the model's, whose sliding-window layers get their window in the masks made here (modeling.window_masks;
+        the cache must keep every column: modeling.rollback_cache)."""
         self.cache = cache
+        self.config = config
         self.pads = list(pads)
         self.lengths = list(self.pads)  # no token committed yet
         self.cols = 0
@@ -67,7 +72,7 @@ class RaggedCache:
         allowed = (col[None, None, :] >= pad) & (col[None, None, :] <= col[None, :, None])  # [B, T, T]
         allowed |= torch.eye(width, dtype=torch.bool, device=device)
         positions = (col[None, :] - pad[:, :, 0]).clamp_min(0)
-        return {"position_ids": positions, "attention_mask": _additive(allowed, dtype, self.kv_len)}
+        return {"position_ids": positions, "attention_mask": self._mask(allowed, positions, positions, dtype)}
 
     def prefilled(self, width: int) -> None:
         self.lengths = [width] * self.batch
@@ -90,10 +95,18 @@ class RaggedCache:
             visible = torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(self.batch, n, n)
         if depths is None:
             depths = torch.arange(n, device=device).expand(self.batch, n)
-        mask = block_mask(self.pads, self.lengths, self.cols, visible.to(device), dtype, self.kv_len)
+        allowed = block_allowed(self.pads, self.lengths, self.cols, visible.to(device))
         length = torch.tensor(self.lengths, device=device)[:, None]
         pad = torch.tensor(self.pads, device=device)[:, None]
-        return {"position_ids": (length - pad) + depths, "attention_mask": mask}
+        positions = (length - pad) + depths
+        keys = torch.cat([torch.arange(self.cols, device=device)[None] - pad, positions], 1)
+        return {"position_ids": positions, "attention_mask": self._mask(allowed, positions, keys, dtype)}
+
+    def _mask(self, allowed: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, dtype):
+        """bool [B, q, k] -> the forward's attention_mask (a {layer type: mask} dict where layers differ)."""
+        if self.config is None:
+            return _additive(allowed, dtype, self.kv_len)
+        return window_masks(self.config, allowed, q_pos, k_pos, lambda a: _additive(a, dtype, self.kv_len))
 
     # -- after a forward ----------------------------------------------------------------------------------------
     def commit(self, kept: Sequence[Sequence[int]], n: int) -> None:
@@ -138,9 +151,9 @@ class RaggedCache:
     def retain(self, rows: Sequence[int]) -> None:
         """Keep only `rows` (batch indices, ascending) and drop left padding that no remaining row needs."""
         trim = min(self.pads[r] for r in rows)
-        idx = torch.tensor(list(rows), device=self._device())
         top = max(self.lengths[r] for r in rows)
-        for layer in self.cache.layers:
+        idx = torch.tensor(list(rows), device=self._device()) if self.cols else None
+        for layer in self.cache.layers if self.cols else ():  # before the first forward it holds nothing
             layer.keys = layer.keys[idx, :, trim:top]
             layer.values = layer.values[idx, :, trim:top]
         self.pads = [self.pads[r] - trim for r in rows]
@@ -161,14 +174,18 @@ def block_mask(
 ) -> torch.Tensor:
     """Additive mask [B, 1, n, kv] for a block of n columns appended after `cols` cache columns: block row j of
     row b sees the committed columns [pads[b], lengths[b]) and the block columns visible[b, j] says."""
+    return _additive(block_allowed(pads, lengths, cols, visible), dtype, kv_len)
+
+
+def block_allowed(pads: Sequence[int], lengths: Sequence[int], cols: int, visible: torch.Tensor):
+    """block_mask's bool form [B, n, cols + n] (True = attend)."""
     device = visible.device
     col = torch.arange(cols, device=device)
     pad = torch.tensor(list(pads), device=device)[:, None]
     length = torch.tensor(list(lengths), device=device)[:, None]
     prefix = (col >= pad) & (col < length)  # [B, cols]: committed columns
     n = visible.shape[1]
-    allowed = torch.cat([prefix[:, None, :].expand(-1, n, -1), visible], 2)  # [B, n, cols + n]
-    return _additive(allowed, dtype, kv_len)
+    return torch.cat([prefix[:, None, :].expand(-1, n, -1), visible], 2)  # [B, n, cols + n]
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype, kv_len: int | None) -> torch.Tensor:

@@ -197,10 +197,19 @@ class DrafterKind:
     exports: tuple[ExportFormat, ...] = ()
     cost: Callable[..., Any] | None = None
     """(target, CostSettings, options dict) -> Proposer with random weights at the published size."""
+    refuses: Callable[[Any], str | None] | None = None
+    """(the target's HF config) -> None, or one line naming the architecture and why this kind cannot draft for it:
+    checked from the config alone, before any weight loads (decoding, training, `draftsmith check`)."""
     example: Callable[..., str] | None = None
     """(folder, target) -> the spec of a small random drafter saved under `folder` for `target` (untrained but not
     the identity): the GPU check's case and the CPU losslessness oracles' case."""
     notes: dict[str, str] = field(default_factory=dict)
+
+    def check_target(self, config) -> None:
+        """One DraftsmithError line if this kind cannot draft for a target of `config` (refuses)."""
+        why = self.refuses(config) if self.refuses is not None else None
+        if why:
+            raise DraftsmithError(f"{self.name} cannot draft for this target: {why}")
 
     @property
     def folder_kinds(self) -> tuple[str, ...]:

@@ -88,3 +88,55 @@ def embedding_fingerprint(emb: torch.Tensor) -> list[float]:
 
 def fingerprints_match(recorded: list[float], have: list[float]) -> bool:
     return all(abs(a - b) <= 2e-2 * max(1.0, abs(a)) for a, b in zip(recorded, have))
+
+
+def text_config(config):
+    """The decoder's config (a multimodal config's text part; the config itself otherwise)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def sliding_window(config) -> int | None:
+    """The attention window of the model's sliding-window layers (Mistral, Gemma 2/3's local layers, Qwen2 with
+    use_sliding_window), or None when every layer attends to the whole sequence."""
+    cfg = text_config(config)
+    window = getattr(cfg, "sliding_window", None)
+    if not window or not getattr(cfg, "use_sliding_window", True):
+        return None
+    types = getattr(cfg, "layer_types", None)
+    if types is not None and "sliding_attention" not in types:
+        return None
+    return int(window)
+
+
+def rollback_cache(config, max_len: int | None = None):
+    """A KV cache that rolls back by cropping: a DynamicCache, or a StaticCache of `max_len` rows. Every layer keeps
+    every column, sliding-window layers included: transformers' sliding layers keep only the last window - 1
+    columns and cannot be cropped back past them, so a rejected draft could not be rolled back; here the window is
+    applied by the attention mask instead (the model's own mask, or window_masks where a caller passes its own)."""
+    from transformers import DynamicCache, StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    if max_len is None:
+        # lazily one full DynamicLayer per layer where the config would make sliding ones
+        return DynamicCache() if sliding_window(config) else DynamicCache(config=config)
+    cache = StaticCache(config=config, max_cache_len=max_len)
+    if sliding_window(config):
+        cache.layers = [StaticLayer(max_len) if layer.is_sliding else layer for layer in cache.layers]
+    return cache
+
+
+def window_masks(config, allowed: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, to_mask):
+    """The attention_mask argument for a caller-made mask: `allowed` [B, q, k] bool (True = attend), the token
+    positions of its queries q_pos [B, q] and keys k_pos [B, k], `to_mask` turning a bool mask into the model's
+    mask. Without sliding-window layers: to_mask(allowed). With them, the sliding layers' mask also hides keys
+    window or more positions behind the query (transformers' sliding_window_overlay: q - k < window), which the
+    model does not add to a mask it is given: {layer type: mask} where the config lists layer types (Gemma 2/3's
+    local and global layers), the windowed mask alone where every layer slides (Mistral, Phi-3, Mixtral)."""
+    window = sliding_window(config)
+    if window is None:
+        return to_mask(allowed)
+    near = (q_pos[:, :, None] - k_pos[:, None, :]) < window
+    windowed = to_mask(allowed & near)
+    if getattr(text_config(config), "layer_types", None) is None:
+        return windowed
+    return {"full_attention": to_mask(allowed), "sliding_attention": windowed}

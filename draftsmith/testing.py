@@ -12,6 +12,7 @@ hide; `tiny_model(arch)` / `save_tiny(arch=...)` / `save_tiny_like(target)` pick
 Oracles (one per property; `decoder` is a draftsmith.decode SpeculativeDecoder, passed in because this core module
 imports nothing above core):
 - `assert_greedy_lossless(decoder, proposer, prompts)`: greedy speculative output == greedy plain decoding;
+- `recompute_greedy(target, prompt, n)`: greedy decoding by full forwards, no cache (what a rolled-back cache gives);
 - `assert_batch_greedy_lossless(decoder, proposer, prompts)`: the prompts decoded as ONE batch (different lengths,
   rows stopping at different steps) give every row exactly its greedy batch-1 plain decoding, and a row that stopped
   is in no later target forward;
@@ -22,6 +23,7 @@ imports nothing above core):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -54,8 +56,9 @@ TINY_SHAPE = dict(
     eos_token_id=2,
     pad_token_id=2,
 )
-"""The sizes and special ids every tiny architecture shares (tiny_config, tiny_qwen2)."""
+"""The sizes and special ids every tiny architecture shares (TINY_ARCHS)."""
 ARCHS = ("llama", "qwen2")
+"""The two architectures the per-feature tests run on; every architecture is in TINY_ARCHS."""
 
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
@@ -100,57 +103,139 @@ def tiny_tokenizer(arch: str = "llama"):
     if arch == "qwen2":
         tok.add_special_tokens({"additional_special_tokens": QWEN2_EXTRA})
     elif arch != "llama":
-        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {ARCHS}")
+        raise ValueError(f"unknown tiny tokenizer {arch!r}; use one of {ARCHS}")
     return tok
 
 
-def tiny_config(vocab_size: int, **overrides):
-    from transformers import LlamaConfig
+def tiny_config(vocab_size: int, arch: str = "llama", **overrides):
+    """The config of a tiny `arch` (TINY_ARCHS) over `vocab_size` tokens: TINY_SHAPE, the entry's own fields, then
+    `overrides`, built by transformers' own config class."""
+    import transformers
 
-    kw = dict(
-        vocab_size=vocab_size,
-        **TINY_SHAPE,
-        tie_word_embeddings=False,
-    )
+    entry = tiny_arch(arch)
+    kw = dict(vocab_size=vocab_size, **TINY_SHAPE, **entry.fields)
     kw.update(overrides)
-    return LlamaConfig(**kw)
+    return getattr(transformers, entry.config)(**kw)
+
+
+@dataclass(frozen=True)
+class TinyArch:
+    """One tiny architecture: its transformers config and model classes and what it sets beyond TINY_SHAPE."""
+
+    config: str
+    """The transformers config class (built with TINY_SHAPE + fields)."""
+    model: str
+    """The *ForCausalLM class."""
+    fields: dict
+    what: str
+    """What it exercises that Llama does not."""
+    tokenizer: str = "llama"
+    """tiny_tokenizer(tokenizer) is its tokenizer."""
+    vocab: int | None = None
+    """The config's vocabulary when it is not the tokenizer's (padded, as Qwen2.5 ships it)."""
+
+    @property
+    def model_type(self) -> str:
+        import transformers
+
+        return getattr(transformers, self.config).model_type
+
+
+_ATTN16 = dict(head_dim=16)  # 4 heads x 16 = hidden 64 where the class's default head_dim is its real model's
+TINY_ARCHS: dict[str, TinyArch] = {
+    "llama": TinyArch("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=False), "the reference"),
+    "qwen2": TinyArch(
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        "q/k/v biases, tied embeddings, RoPE theta 1e6, a padded vocabulary and extra special tokens",
+        tokenizer="qwen2",
+        vocab=QWEN2_VOCAB,
+    ),
+    "qwen3": TinyArch(
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(_ATTN16, tie_word_embeddings=True),
+        "q/k RMS norms, an explicit head_dim, tied embeddings",
+    ),
+    "qwen3_moe": TinyArch(
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            _ATTN16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, tie_word_embeddings=False
+        ),
+        "a mixture of experts in every layer (top-2 of 4) and q/k norms",
+    ),
+    "mistral": TinyArch(
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(sliding_window=8, tie_word_embeddings=False),
+        "sliding-window attention (8 tokens: shorter than every oracle sequence)",
+    ),
+    "gemma2": TinyArch(
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            _ATTN16,
+            query_pre_attn_scalar=16,
+            sliding_window=8,
+            final_logit_softcapping=3.0,
+            attn_logit_softcapping=50.0,
+            # untied: with Gemma's tied head and sqrt(hidden)-scaled embeddings a random 2-layer model predicts
+            # its input token again and again (greedy repeats one token), blind to what the context holds
+            tie_word_embeddings=False,
+        ),
+        "final logit soft-capping (3.0: it bends the tiny model's logits), scaled embeddings, pre/post norms, "
+        "local (sliding 8) / global layers",
+    ),
+    "phi3": TinyArch(
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(tie_word_embeddings=False),
+        "fused qkv and gate/up projections",
+    ),
+}
+"""Every tiny architecture, by name: a new one is one entry (tests/test_architectures.py runs every drafter kind on
+each)."""
+
+
+def tiny_arch(arch: str) -> TinyArch:
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {tuple(TINY_ARCHS)}")
+    return TINY_ARCHS[arch]
+
+
+def arch_of(model_or_config) -> str:
+    """The TINY_ARCHS name of a model's (or config's) architecture, by its model_type."""
+    cfg = getattr(model_or_config, "config", model_or_config)
+    for name, entry in TINY_ARCHS.items():
+        if entry.model_type == cfg.model_type:
+            return name
+    raise ValueError(f"no tiny architecture has model_type {cfg.model_type!r}")
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int | None = None, **overrides):
+    """A random 2-layer `arch` (TINY_ARCHS; eval mode, fp32). Logits are sharpened (initializer_range 0.2) so greedy
+    chains are not all ties. Different seeds give different models over the same tokenizer: a target and a draft."""
+    import transformers
+
+    entry = tiny_arch(arch)
+    if vocab_size is None:
+        vocab_size = entry.vocab or len(tiny_tokenizer(entry.tokenizer))
+    torch.manual_seed(seed)
+    cfg = tiny_config(vocab_size, arch, **overrides)
+    cfg.initializer_range = 0.2
+    return getattr(transformers, entry.model)(cfg).eval()
 
 
 def tiny_llama(seed: int = 0, vocab_size: int | None = None, **overrides):
-    """A random 2-layer Llama (eval mode, fp32). Logits are sharpened so greedy chains are not all ties."""
-    from transformers import LlamaForCausalLM
-
-    if vocab_size is None:
-        vocab_size = len(tiny_tokenizer())
-    torch.manual_seed(seed)
-    cfg = tiny_config(vocab_size, **overrides)
-    cfg.initializer_range = 0.2
-    model = LlamaForCausalLM(cfg).eval()
-    return model
+    """tiny_model("llama")."""
+    return tiny_model("llama", seed, vocab_size, **overrides)
 
 
 def tiny_qwen2(seed: int = 0, vocab_size: int | None = None, **overrides):
-    """A random 2-layer Qwen2 (q/k/v biases, tied embeddings; eval mode, fp32), same sizes as tiny_llama."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    kw = dict(
-        vocab_size=QWEN2_VOCAB if vocab_size is None else vocab_size,
-        **TINY_SHAPE,
-        tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-    )
-    kw.update(overrides)
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(**kw)
-    cfg.initializer_range = 0.2
-    return Qwen2ForCausalLM(cfg).eval()
-
-
-def tiny_model(arch: str = "llama", seed: int = 0, **overrides):
-    """tiny_llama or tiny_qwen2."""
-    if arch not in ARCHS:
-        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {ARCHS}")
-    return (tiny_qwen2 if arch == "qwen2" else tiny_llama)(seed, **overrides)
+    """tiny_model("qwen2")."""
+    return tiny_model("qwen2", seed, vocab_size, **overrides)
 
 
 def save_tiny(path: str | Path, seed: int = 0, arch: str = "llama", **overrides) -> Path:
@@ -158,14 +243,13 @@ def save_tiny(path: str | Path, seed: int = 0, arch: str = "llama", **overrides)
     path = Path(path)
     model = tiny_model(arch, seed, **overrides)
     model.save_pretrained(path)
-    tiny_tokenizer(arch).save_pretrained(path)
+    tiny_tokenizer(tiny_arch(arch).tokenizer).save_pretrained(path)
     return path
 
 
 def save_tiny_like(path: str | Path, target, seed: int = 1, **overrides) -> Path:
     """A tiny model folder of `target`'s architecture and vocabulary (a draft for it), with its tokenizer."""
-    arch = "qwen2" if target.config.model_type == "qwen2" else "llama"
-    return save_tiny(path, seed, arch=arch, vocab_size=target.config.vocab_size, **overrides)
+    return save_tiny(path, seed, arch=arch_of(target), vocab_size=target.config.vocab_size, **overrides)
 
 
 def oracle_prompts(vocab_size: int, n: int = 3, seed: int = 0) -> list[torch.Tensor]:
@@ -174,6 +258,16 @@ def oracle_prompts(vocab_size: int, n: int = 3, seed: int = 0) -> list[torch.Ten
     return [
         torch.randint(3, min(vocab_size, 380), (1, 9 + 5 * i + 4 * (i > 1)), generator=g) for i in range(n)
     ]
+
+
+@torch.inference_mode()
+def recompute_greedy(target, prompt: torch.Tensor, n: int) -> list[int]:
+    """The target's greedy continuation of `prompt` [1, T], n tokens, each from a full forward over the whole
+    sequence (no KV cache: the reference a cache that rolls back must reproduce)."""
+    ids = prompt.reshape(1, -1)
+    for _ in range(n):
+        ids = torch.cat([ids, target(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    return ids[0, prompt.numel() :].tolist()
 
 
 def assert_greedy_lossless(decoder, proposer, prompts, *, k: int = 4, max_new_tokens: int = 24) -> list:

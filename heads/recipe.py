@@ -205,11 +205,13 @@ def check_exportable(cfg: HeadsConfig, say=print) -> None:
 
 
 def check_against_target(cfg: HeadsConfig) -> None:
-    """Before the target loads, from its config: data.max_length within its context and data.cache_layers within
-    its hidden_states indices [0, N]."""
+    """Before the target loads, from its config: the kind drafts for its architecture (DrafterKind.refuses),
+    data.max_length within its context and data.cache_layers within its hidden_states indices [0, N]."""
     from draftsmith import models
 
     target_config = models.load_config(cfg.model.target)
+    rec = head_kind(cfg.head.kind)
+    head_kind(rec.training.saves_as or rec.name).check_target(target_config)
     ctx = getattr(target_config, "max_position_embeddings", None)
     if ctx and cfg.data.max_length > ctx:
         raise DraftsmithError(

@@ -4,6 +4,7 @@
     draftsmith quickstart                      # embedded target: generate data, distill, eval
     draftsmith generate --target ... --prompts ... --out DIR
     draftsmith eval --target T --drafter draft:DIR --prompts builtin:dev-eval
+    draftsmith check --target T               # drafter kinds, export formats, engines for T (no weights loaded)
     draftsmith check --target T --draft D     # tokenizer compatibility, no weights loaded
     draftsmith export CKPT --format FORMAT --out DIR   # the formats of the checkpoint's kind
     draftsmith push CKPT REPO_ID [--private] [--dry-run DIR]
@@ -30,7 +31,11 @@ COMMANDS = {
         "have a target answer prompts; write a resumable token-id dataset",
     ),
     "eval": ("draftsmith.app.eval", "measure a drafter: acceptance, tau, speedup over plain decoding"),
-    "check": ("draftsmith.app.cli", "check that a draft's tokenizer matches a target's (no weights loaded)"),
+    "check": (
+        "draftsmith.app.check",
+        "which drafter kinds, export formats and engines support a target; with --draft, whether a draft's "
+        "tokenizer matches it (no weights loaded)",
+    ),
     "export": ("draftsmith.app.export", "export a checkpoint for transformers, vLLM or SGLang"),
     "bench-engine": (
         "draftsmith.app.enginebench",
@@ -46,20 +51,6 @@ COMMANDS = {
         "a reduced output vocabulary from training data, for draft:<model>,vocab=DIR (no weights loaded)",
     ),
 }
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:  # `draftsmith check`
-    p.add_argument("--target", required=True, help="target model: Hub id, folder, .gguf or smollm2-135m")
-    p.add_argument("--draft", required=True, help="draft model: Hub id, folder or .gguf")
-    p.add_argument("--trust-remote-code", action="store_true")
-
-
-def run(args: argparse.Namespace) -> int:  # `draftsmith check`
-    from draftsmith.compat import check_compatible
-
-    check_compatible(args.target, args.draft, args.trust_remote_code)
-    print(f"ok: {args.draft} is tokenizer-compatible with {args.target}")
-    return 0
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

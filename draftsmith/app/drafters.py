@@ -291,6 +291,7 @@ def validate_spec(spec: str, k: int | None = None, batch: int = 1) -> tuple[str,
 
 def build_proposer(spec: str, ctx: DrafterContext, k: int | None = None) -> Proposer:
     """Turn 'kind:arg' into a Proposer (loading weights if the kind has any)."""
+    DRAFTERS[split_spec(spec)[0]].check_target(ctx.target.config)  # the architecture, before the folder
     s = parse_spec(spec, k)
     return tune_proposer(s.record.build(s.path, s.options, ctx))
 

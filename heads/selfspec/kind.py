@@ -11,6 +11,7 @@ from draftsmith.heads.io import save_head
 from draftsmith.heads.selfspec import training
 from draftsmith.heads.selfspec.earlyexit import EarlyExitAdapter, EarlyExitConfig
 from draftsmith.heads.selfspec.folders import build_earlyexit, build_layerskip, check_layerskip_folder
+from draftsmith.heads.selfspec.targetlayers import full_attention_only
 from draftsmith.kinds import DrafterKind, Option, Training
 
 OPTIONS = (
@@ -74,6 +75,7 @@ EARLYEXIT = DrafterKind(
         config_from_dict(EarlyExitConfig, config, "earlyexit config"), config.get("target")
     ),
     check_folder=head_folder_check(earlyexit_tensors),
+    refuses=full_attention_only,
     example=example_earlyexit,
 )
 LAYERSKIP = DrafterKind(
@@ -83,6 +85,7 @@ LAYERSKIP = DrafterKind(
     build=build_layerskip,
     options=OPTIONS,
     check_folder=check_layerskip_folder,
+    refuses=full_attention_only,
     example=example_layerskip,
 )
 KINDS = (EARLYEXIT, LAYERSKIP)

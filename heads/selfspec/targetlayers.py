@@ -10,6 +10,18 @@ import torch
 
 from draftsmith.decode.ragged import block_mask as ragged_mask
 from draftsmith.errors import DraftsmithError
+from draftsmith.modeling import sliding_window, text_config
+
+
+def full_attention_only(config) -> str | None:
+    """The draft runs the target's own layers over its own KV cache with masks of its own (no sliding window)."""
+    window = sliding_window(config)
+    if window is None:
+        return None
+    return (
+        f"{text_config(config).model_type} has sliding-window attention ({window} tokens) and self-speculative "
+        "drafting runs full-attention layers only; use a draft:, eagle3:, dflash: or ngram: drafter"
+    )
 
 
 class TargetLayers:
@@ -24,10 +36,9 @@ class TargetLayers:
                     f"self-speculative drafting needs a Llama-style decoder ({name} missing on "
                     f"{type(dec).__name__}); use a draft:, eagle: or ngram: drafter for this target"
                 )
-        cfg = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
-        if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
-            if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ["full_attention"])):
-                raise DraftsmithError("self-speculative drafting supports full-attention layers only")
+        why = full_attention_only(target.config)
+        if why:
+            raise DraftsmithError(why)
         self.dec = dec
         self.layers = dec.layers
         self.num_layers = len(dec.layers)
