@@ -119,6 +119,14 @@ def test_bad_gguf_type_and_engine_drafter_refused_before_work(tiny, tmp_path):
         export(tiny["head"], "sglang-eagle3", tmp_path / "o", gguf_type="f32")
     with pytest.raises(DraftsmithError, match="engine drafter 'medusa:x' is not one of"):
         bench(str(tiny["target"]), ["medusa:x"], PROMPTS)
+    if llamacpp.available():  # a GGUF of another model: refused before any server starts
+        from draftsmith.testing import save_tiny
+
+        other = llamacpp.convert(
+            _with_spm_tokenizer(save_tiny(tmp_path / "two", seed=0)), tmp_path / "two.gguf"
+        )
+        with pytest.raises(DraftsmithError, match="has 2 layers but .* has 4"):
+            bench(str(tiny["target"]), [f"eagle3:{tiny['head']}"], PROMPTS, target_gguf_file=str(other))
     assert not (tmp_path / "o").exists()
 
 

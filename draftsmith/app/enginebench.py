@@ -302,6 +302,8 @@ def bench(
     llamacpp.binary("llama-server")
     ref = models.resolve(target)
     target_dir = ref.path if ref.kind == "dir" else None
+    if target_gguf_file:
+        _check_same_model(target_gguf_file, target)
     tokenizer = models.load_tokenizer(target)
     encoded = [prompt_ids(tokenizer, p) for p in prompts]
     with tempfile.TemporaryDirectory(prefix="draftsmith-engine-") as tmp:
@@ -333,6 +335,25 @@ def bench(
                                                                                   k, max_new_tokens)
             )  # fmt: skip
     return result
+
+
+def _check_same_model(gguf_file: str, target: str) -> None:
+    """--target-gguf must be the target's model: an EAGLE-3 head reading a layer the GGUF lacks aborts the engine,
+    and another model's tokens would make the decoder comparison meaningless (layer count and vocabulary checked)."""
+    from gguf import GGUFReader
+
+    if not Path(gguf_file).is_file():
+        raise DraftsmithError(f"--target-gguf {gguf_file} not found; check the path")
+    fields = GGUFReader(gguf_file).fields
+    arch = fields["general.architecture"].contents()
+    layers = fields[f"{arch}.block_count"].contents() if f"{arch}.block_count" in fields else None
+    cfg = models.load_config(target)
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if layers is not None and layers != cfg.num_hidden_layers:
+        raise DraftsmithError(
+            f"--target-gguf {gguf_file} has {layers} layers but {target} has {cfg.num_hidden_layers}; pass a GGUF "
+            "of the same model (or leave --target-gguf out to convert it)"
+        )
 
 
 def _decode(target: str, spec: str, prompts: list[Prompt], k: int, max_new_tokens: int) -> dict:
