@@ -191,3 +191,39 @@ def test_speculative_in_engine_is_lossless_and_tau_matches_decoder(tiny, target_
     assert c["passed"], c  # tau within 10% of draftsmith's decoder on the same prompts and k
     if kind == "draft":  # the noisy copy agrees on some drafts, not all: tau measures something in both
         assert 1.2 < d["tau"] < 3.9 and 0.05 < d["accept_rate"] < 0.97
+
+
+def test_engine_numbers_from_server_timings():
+    """tau, accept rate, per-drafted-token cost and the two-fold prediction from llama-server timings (hand-made:
+    plain steps of 10 ms; speculative steps drafting 3 tokens at 25 ms = 10 ms + 3 x 5 ms)."""
+    from draftsmith.app.enginebench import summarize
+
+    def row(steps, accepted, ms_per_step, drafted=3):
+        return {"predicted_n": 1 + steps + accepted, "predicted_ms": steps * ms_per_step,
+                "draft_n": drafted * steps, "draft_n_accepted": accepted}  # fmt: skip
+
+    plain = [row(64, 0, 10.0, 0) for _ in range(4)]
+    spec = [row(40, 24, 25.0), row(30, 34, 25.0), row(50, 14, 25.0), row(20, 44, 25.0)]
+    d = summarize(spec, plain, k=3)
+    assert d["tau"] == pytest.approx(256 / 140) and d["accept_rate"] == pytest.approx(116 / 420)
+    assert d["plain_step_ms"] == pytest.approx(10.0) and d["draft_token_ms"] == pytest.approx(5.0)
+    assert d["speedup"] == pytest.approx((256 / (140 * 25.0)) / (1 / 10.0))
+    # every prompt costs the same per drafted token: the prediction from the other half's costs is exact
+    assert d["predicted_speedup"] == pytest.approx(d["speedup"])
+    slow = [
+        row(40, 24, 25.0),
+        row(30, 34, 40.0),
+        row(50, 14, 25.0),
+        row(20, 44, 40.0),
+    ]  # odd prompts pay more
+    d = summarize(slow, plain, k=3)
+    assert d["predicted_speedup"] != pytest.approx(
+        d["speedup"], rel=0.05
+    )  # priced with the other fold's cost
+    assert d["lossless"] == {"identical": 4, "near_tie": 0, "differ": 0, "passed": True, "of": 4}
+    slow[0]["divergence"] = {"at": 5, "logprob_gap": 0.01, "near_tie": True}
+    assert summarize(slow, plain, k=3)["lossless"]["passed"]  # the engine's own near-tie does not fail
+    slow[1]["divergence"] = {"at": 2, "logprob_gap": 3.0, "near_tie": False}
+    assert summarize(slow, plain, k=3)["lossless"] == {
+        "identical": 2, "near_tie": 1, "differ": 1, "passed": False, "of": 4
+    }  # fmt: skip
