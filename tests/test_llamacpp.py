@@ -51,6 +51,7 @@ def tiny(tmp_path_factory):
     some tokens, not all) and an EAGLE-3 head for it (random weights)."""
     from transformers import AutoModelForCausalLM
 
+    from draftsmith.heads.block.dflash import DFlashDrafter
     from draftsmith.heads.eagle.model import EagleHead
     from draftsmith.heads.io import save_head
     from draftsmith.models import load_tokenizer
@@ -73,7 +74,13 @@ def tiny(tmp_path_factory):
         model, "eagle3", draft_vocab_ids=torch.arange(0, model.config.vocab_size, 2), aux_layers=AUX
     )
     save_head(head, root / "eagle3")
-    return {"root": root, "target": target, "draft": draft, "head": root / "eagle3", "model": model}
+    dflash = DFlashDrafter.from_target(
+        model, draft_vocab_ids=torch.arange(model.config.vocab_size), mask_token_id=3, block_size=4,
+        aux_layers=AUX, freeze_lm_head=True,
+    )  # fmt: skip
+    save_head(dflash, root / "dflash")
+    return {"root": root, "target": target, "draft": draft, "head": root / "eagle3", "model": model,
+            "dflash": root / "dflash"}  # fmt: skip
 
 
 # ---- refusals (no build needed) ---------------------------------------------------------------------------------
@@ -105,7 +112,9 @@ def test_eagle3_for_a_target_llama_cpp_cannot_feed_is_refused(tmp_path):
     target = save_tiny(tmp_path / "phi3", seed=0, arch="phi3", num_hidden_layers=4)
     model = AutoModelForCausalLM.from_pretrained(target).eval()
     save_head(EagleHead.from_target(model, "eagle3", aux_layers=AUX), tmp_path / "head")
-    with pytest.raises(DraftsmithError, match="cannot draft for a 'phi3' target.*sglang-eagle3"):
+    with pytest.raises(
+        DraftsmithError, match="cannot run this eagle3 drafter for a 'phi3' target.*sglang-eagle3"
+    ):
         export(tmp_path / "head", "gguf", tmp_path / "o")
     assert not (tmp_path / "o").exists()
 
@@ -172,14 +181,18 @@ def test_eagle3_gguf_export_files(tiny, tmp_path):
 
 @pytest.mark.llamacpp
 @needs_build
-@pytest.mark.parametrize("kind", ["eagle3", "draft"])
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "draft"])
 def test_speculative_in_engine_is_lossless_and_tau_matches_decoder(tiny, target_gguf, kind, monkeypatch):
     from draftsmith.app.enginebench import bench
 
     monkeypatch.setenv(
         "DRAFTSMITH_CPU_LAYOUT", "off"
     )  # no layout tuning of a tiny model: seconds, not minutes
-    spec = f"eagle3:{tiny['head']}" if kind == "eagle3" else f"draft:{tiny['draft']}"
+    spec = {
+        "eagle3": f"eagle3:{tiny['head']}",
+        "dflash": f"dflash:{tiny['dflash']}",
+        "draft": f"draft:{tiny['draft']}",
+    }[kind]
     result = bench(str(tiny["target"]), [spec], PROMPTS, k=3, max_new_tokens=24, decoder=True, gguf_type="f32",
                    threads=2, target_gguf_file=str(target_gguf))  # fmt: skip
     d = result["drafters"][spec]

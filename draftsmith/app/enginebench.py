@@ -67,10 +67,10 @@ def parse_drafter(spec: str) -> tuple[str, str]:
     if spec in NGRAM_TYPES:
         return spec, ""
     kind, _, arg = spec.partition(":")
-    if kind not in ("draft", "eagle3") or not arg:
+    if kind not in ("draft", "eagle3", "dflash") or not arg:
         raise DraftsmithError(
             f"engine drafter {spec!r} is not one of draft:MODEL (a draft LM: folder, .gguf or embedded name), "
-            f"eagle3:HEAD_DIR, {', '.join(NGRAM_TYPES)}"
+            f"eagle3:HEAD_DIR, dflash:DIR, {', '.join(NGRAM_TYPES)}"
         )
     return kind, arg
 
@@ -111,7 +111,11 @@ def engine_drafter(spec: str, k: int, target_dir: str | None, workdir: Path, ggu
     else:
         export(arg, "gguf", out, verifier=target_dir, gguf_type=gguf_type)
         file = out / json.loads((out / "draftsmith_export.json").read_text())["gguf_file"]
-        spec_type, decoder = "draft-eagle3", f"eagle3:{arg},top_k=1,total_tokens={k}"
+        spec_type, decoder = (
+            ("draft-eagle3", f"eagle3:{arg},top_k=1,total_tokens={k}")
+            if kind == "eagle3"
+            else ("draft-dflash", f"dflash:{arg}")
+        )
     # always k drafts a step (no confidence stop), as the decoder's chain: the two tau are comparable
     flags = ["-md", str(file), "--spec-type", spec_type, "--spec-draft-n-max", str(k)]
     flags += ["--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
@@ -309,7 +313,7 @@ def bench(
     with tempfile.TemporaryDirectory(prefix="draftsmith-engine-") as tmp:
         work = Path(tmp)
         gguf = Path(target_gguf_file) if target_gguf_file else target_gguf(target, work, gguf_type)
-        if target_dir is None and any(s.startswith("eagle3:") for s in drafters):
+        if target_dir is None and any(s.startswith(("eagle3:", "dflash:")) for s in drafters):
             target_dir = str(
                 models.materialize(ref).path
             )  # the HF copy the converter reads the tokenizer from
@@ -403,7 +407,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--drafter",
         action="append",
         required=True,
-        help=f"draft:MODEL, eagle3:HEAD_DIR or one of {', '.join(NGRAM_TYPES)} (repeatable)",
+        help=f"draft:MODEL, eagle3:HEAD_DIR, dflash:DIR or one of {', '.join(NGRAM_TYPES)} (repeatable)",
     )
     p.add_argument("--prompts", required=True, help="prompt source (as draftsmith eval --prompts)")
     p.add_argument("--limit", type=int, default=8, help="first N prompts (default 8)")

@@ -5,11 +5,13 @@ convert_hf_to_gguf.py, draftsmith.llamacpp.convert).
     draftsmith export runs/eagle3/final  --format gguf --out exports/eagle3-gguf    # ... --spec-type draft-eagle3
 
 What llama.cpp runs (src/models, common/speculative.cpp of the pinned source): a draft LM of any architecture its
-converter registers (`--spec-type draft-simple`), an EAGLE-3 head whose target's graph records its layer inputs
-(`--spec-type draft-eagle3`, draftsmith.llamacpp.EAGLE3_TARGET_TYPES), and prompt lookup without any file
-(`ngram-*`). The draft LM goes through the `hf` export first (a reduced vocabulary becomes full rows), the EAGLE-3
-head through the `sglang-eagle3` layout: the converter reads its top-level `eagle_aux_hidden_state_layer_ids`, which
-are layer inputs as draftsmith's, and llama.cpp captures `t_layer_inp[id]`, the input of layer id: the same states.
+converter registers (`--spec-type draft-simple`), an EAGLE-3 head or a DFlash drafter whose target's graph records
+its layer inputs (`--spec-type draft-eagle3` / `draft-dflash`, draftsmith.llamacpp.EAGLE3_TARGET_TYPES), and prompt
+lookup without any file (`ngram-*`). The draft LM goes through the `hf` export first (a reduced vocabulary becomes
+full rows), the EAGLE-3 head through the `sglang-eagle3` layout: the converter reads its top-level
+`eagle_aux_hidden_state_layer_ids`, which are layer inputs as draftsmith's, and llama.cpp captures `t_layer_inp[id]`,
+the input of layer id: the same states. DFlash goes through the `sglang-dflash` layout (the target's frozen head, the
+target's width), whose layer-output ids the converter turns back into layer inputs (id + 1).
 Everything is checked before any weight is read; the converter's intermediate folder is a temporary one.
 """
 
@@ -27,7 +29,9 @@ from draftsmith.kinds import ExportFormat, ExportOptions
 
 GGUF = "gguf"
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
-SPEC_TYPES = "draft-simple (a draft LM), draft-eagle3 (EAGLE-3 heads) and ngram-* (no drafter)"
+SPEC_TYPES = (
+    "draft-simple (a draft LM), draft-eagle3 (EAGLE-3 heads), draft-dflash (DFlash) and ngram-* (no drafter)"
+)
 
 
 def refusal(ckpt: Checkpoint, title: str, other_formats: list[str]) -> str:
@@ -35,7 +39,6 @@ def refusal(ckpt: Checkpoint, title: str, other_formats: list[str]) -> str:
     why = {
         "medusa": "llama.cpp has no Medusa drafting",
         "eagle": "llama.cpp runs EAGLE-3 heads only, not EAGLE-1",
-        "dflash": "draftsmith does not convert DFlash drafters for llama.cpp yet",
         "peagle": "llama.cpp has no P-EAGLE drafting",
     }.get(ckpt.kind, f"llama.cpp cannot run {title}")
     instead = f"export --format {other_formats[0]} for another engine, or " if other_formats else ""
@@ -65,6 +68,14 @@ def format_for(kind: str, outtype: str = "f16") -> ExportFormat | None:
             "(the target GGUF must be of the head's target)",
             names_verifier=True,
         )
+    if kind == "dflash":
+        return ExportFormat(
+            GGUF,
+            lambda ckpt, out, opts: _write_dflash(ckpt, out, opts, outtype),
+            serve_note="llama-server -m TARGET.gguf -md FILE --spec-type draft-dflash --spec-draft-n-max K "
+            "(K < the block size; the target GGUF must be of the drafter's target)",
+            names_verifier=True,
+        )
     return None
 
 
@@ -89,9 +100,9 @@ def check_draft(ckpt: Checkpoint) -> None:
         )
 
 
-def eagle3_target_dir(ckpt: Checkpoint, verifier: str | None) -> Path:
-    """The head's target as an HF folder (tokenizer, layer count for the converter), checked runnable by
-    llama.cpp's EAGLE-3 (its graph records layer inputs)."""
+def feature_target_dir(ckpt: Checkpoint, verifier: str | None) -> Path:
+    """The target of a head reading its hidden states (EAGLE-3, DFlash) as an HF folder (tokenizer, layer count for
+    the converter), checked runnable by llama.cpp (its graph records layer inputs)."""
     from draftsmith.verifier import local_target_dir
 
     if verifier:
@@ -111,9 +122,10 @@ def eagle3_target_dir(ckpt: Checkpoint, verifier: str | None) -> Path:
     model_type = (cfg.get("text_config") or cfg).get("model_type")
     if model_type not in llamacpp.EAGLE3_TARGET_TYPES:
         raise DraftsmithError(
-            f"{ckpt.path}: llama.cpp's EAGLE-3 cannot draft for a {model_type!r} target (its graph does not record "
-            f"the layer inputs the head reads; it does for {', '.join(sorted(llamacpp.EAGLE3_TARGET_TYPES))}); "
-            "export --format sglang-eagle3 or speculators for SGLang / vLLM instead"
+            f"{ckpt.path}: llama.cpp cannot run this {ckpt.kind} drafter for a {model_type!r} target (its graph "
+            "does not record the layer inputs the drafter reads; it does for "
+            f"{', '.join(sorted(llamacpp.EAGLE3_TARGET_TYPES))}); export --format "
+            f"{'sglang-dflash' if ckpt.kind == 'dflash' else 'sglang-eagle3 or speculators'} for SGLang / vLLM instead"
         )
     n_layers = (cfg.get("text_config") or cfg).get("num_hidden_layers")
     recorded = ckpt.target.get("num_hidden_layers")
@@ -143,11 +155,29 @@ def _write_eagle3(ckpt: Checkpoint, out: Path, opts: ExportOptions, outtype: str
     from draftsmith.heads.eagle.export import check_sglang, sglang_eagle3
 
     check_sglang(ckpt.config, str(ckpt.path))  # the SGLang layout is the converter's input
-    target = eagle3_target_dir(ckpt, opts.verifier)
+    target = feature_target_dir(ckpt, opts.verifier)
     llamacpp.converter()  # the build is there before any tensor is read
     with tempfile.TemporaryDirectory(prefix="draftsmith-gguf-") as tmp:
         notes = head_export(sglang_eagle3)(ckpt, Path(tmp), opts)
         file = llamacpp.convert(tmp, out / f"eagle3.{outtype}.gguf", outtype=outtype, target_dir=target)
+    return {
+        **notes,
+        "gguf_file": file.name,
+        "gguf_type": outtype,
+        "target_dir": str(target),
+        "llama_cpp": llamacpp.build_info(),
+    }
+
+
+def _write_dflash(ckpt: Checkpoint, out: Path, opts: ExportOptions, outtype: str) -> dict:
+    from draftsmith.heads.block.export import check_sglang_dflash, sglang_dflash
+
+    check_sglang_dflash(ckpt.config, str(ckpt.path))  # the SGLang / z-lab layout is the converter's input
+    target = feature_target_dir(ckpt, opts.verifier)
+    llamacpp.converter()
+    with tempfile.TemporaryDirectory(prefix="draftsmith-gguf-") as tmp:
+        notes = head_export(sglang_dflash)(ckpt, Path(tmp), opts)
+        file = llamacpp.convert(tmp, out / f"dflash.{outtype}.gguf", outtype=outtype, target_dir=target)
     return {
         **notes,
         "gguf_file": file.name,
