@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith import llamacpp, models
+from draftsmith.app.exporters.gguf import GGUF_TYPES
 from draftsmith.decode.speed import StepCosts
 from draftsmith.errors import DraftsmithError
 from draftsmith.prompts import Prompt, load_prompts, prompt_ids
@@ -416,7 +417,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--decoder", action="store_true", help="also run draftsmith's decoder: the consistency gate"
     )
-    p.add_argument("--gguf-type", default="f16", help="type of converted GGUF files (default f16)")
+    p.add_argument(
+        "--gguf-type", default="f16", choices=GGUF_TYPES, help="type of converted GGUF files (default f16)"
+    )
     p.add_argument("--threads", type=int, help="llama.cpp threads (default: every core)")
     p.add_argument("--out", help="folder for engine.json and engine.md (must not hold them already)")
 
