@@ -145,15 +145,16 @@ def generate_dataset(
     if not plist:
         raise DraftsmithError("the prompt list is empty; pass at least one prompt")
     tokenizer = tokenizer or models.load_tokenizer(target)
-    if server is None:
-        model = model or models.load_model(target, dtype=dtype, device=device, inference=True)
-        config, eos = model.config, eos_token_ids(model, tokenizer, required=True)
-    else:  # the server holds the weights: config and end-of-sequence ids only
-        config = models.load_config(target)
-        eos = eos_token_ids(_ConfigOnly(config), tokenizer, required=True)
+    config = model.config if model is not None else models.load_config(target)
     done = {row["id"] for row in _iter_rows(out, manifest)} if manifest else set()
     ctx = getattr(config, "max_position_embeddings", None)
+    # prompts that do not fit the context are refused before the weights load
     todo = _select_prompts(plist, done, tokenizer, ctx, max_new_tokens, skip_long, max_prompt_tokens)
+    if server is None:
+        model = model or models.load_model(target, dtype=dtype, device=device, inference=True)
+        eos = eos_token_ids(model, tokenizer, required=True)
+    else:  # the server holds the weights: config and end-of-sequence ids only
+        eos = eos_token_ids(_ConfigOnly(config), tokenizer, required=True)
     if not todo:  # (an empty todo with no earlier rows was refused above)
         log.info("%s: all %d prompts already answered", out, len(plist))
         return out

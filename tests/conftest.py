@@ -18,6 +18,11 @@ _OWN_CACHE: list[str] = []
 def pytest_configure(config):
     # one cache for the whole run, set before any fixture of any scope loads a model: dequantized GGUF copies and
     # measured CPU plans (cpulayout) never reach the user's ~/.cache/draftsmith
+    # the llama.cpp build (WITH_LLAMACPP=1 bash scripts/setup.sh) stays where it was built: tests that need it find
+    # it there, and skip where it is absent
+    from draftsmith.llamacpp import build_dir
+
+    os.environ.setdefault("DRAFTSMITH_LLAMACPP", str(build_dir()))
     if "DRAFTSMITH_CACHE" not in os.environ:
         _OWN_CACHE.append(tempfile.mkdtemp(prefix="draftsmith-test-cache-"))
         os.environ["DRAFTSMITH_CACHE"] = _OWN_CACHE[0]

@@ -4,6 +4,7 @@ server that is down, serves another model, returns no ids or fails mid-run is on
 import json
 
 import pytest
+import torch
 
 from draftsmith.app.cli import main
 from draftsmith.errors import DraftsmithError
@@ -102,3 +103,44 @@ def test_generate_cli_server(tiny_dirs, prompt_file, tmp_path, target_model, cap
                "--server", "http://127.0.0.1:1"])  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error: ") and "\n" not in err and not (tmp_path / "x").exists()
+
+
+@pytest.mark.llamacpp
+@pytest.mark.slow
+def test_server_auto_llamacpp_answers_like_the_target(tmp_path):
+    """The real llama-server on the embedded SmolLM2 GGUF: every row complete (the end-of-sequence token the server
+    drops put back where it stopped) and, greedy, agreeing with the local target's argmax (the Q4_1 kernels and the
+    dequantized fp32 copy part at near-ties, so first tokens are compared)."""
+    from draftsmith import llamacpp
+    from draftsmith.models import load_model, load_tokenizer
+    from draftsmith.prompts import load_prompts, prompt_ids
+
+    if not llamacpp.available():
+        pytest.skip("llama.cpp is not built (WITH_LLAMACPP=1 bash scripts/setup.sh)")
+    f = tmp_path / "p.jsonl"
+    asks = [
+        "Name three primary colors.",
+        "Say hello in French.",
+        "What is 12 plus 30?",
+        "Write a haiku about rain.",
+    ]
+    f.write_text("\n".join(json.dumps({"prompt": a}) for a in asks))
+    out = generate_dataset("smollm2-135m", str(f), tmp_path / "gen", max_new_tokens=24, server="auto", parallel=2,
+                           progress=False)  # fmt: skip
+    rows = {r["id"]: r for r in load_generated(out)}
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["server"]["engine"] == "llama.cpp" and man["settings"]["served_model"] == "smollm2-135m"
+    tok = load_tokenizer("smollm2-135m")
+    model = load_model("smollm2-135m", dtype="float32", inference=True)
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos)
+    agree = 0
+    for i, p in enumerate(load_prompts(str(f))):
+        r = rows[str(i)] if str(i) in rows else rows[p.id]
+        assert r["prompt_ids"] == prompt_ids(tok, p)
+        resp = r["response_ids"]
+        assert 1 <= len(resp) <= 24 and all(0 <= t < len(tok) for t in resp)
+        assert (r["finish"] == "stop") == (resp[-1] in eos) and not any(t in eos for t in resp[:-1])
+        first = model(torch.tensor([r["prompt_ids"]])).logits[0, -1].argmax().item()
+        agree += first == resp[0]
+    assert agree >= 3  # greedy: the server's first answer token is the target's argmax (near-ties aside)

@@ -134,3 +134,18 @@ def test_sampled_generation_is_seeded_and_recorded(tiny_dirs, prompt_file, tmp_p
     assert man["settings"]["temperature"] == 1.5
     with pytest.raises(DraftsmithError, match="other settings"):  # resuming with other sampling is refused
         _gen(tiny_dirs, prompt_file, tmp_path / "a", seed=3)
+
+
+def test_generate_refuses_what_does_not_fit_before_the_load(tiny_dirs, prompt_file, tmp_path, monkeypatch):
+    from draftsmith import models
+
+    def no_load(*a, **k):
+        raise AssertionError("the target's weights were loaded before the prompts were checked")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    ctx = models.load_config(tiny_dirs["target"]).max_position_embeddings
+    with pytest.raises(DraftsmithError, match="no room is left"):
+        _gen(tiny_dirs, prompt_file, tmp_path / "a", max_new_tokens=ctx + 5)
+    with pytest.raises(DraftsmithError, match="only .* fit the context"):
+        _gen(tiny_dirs, prompt_file, tmp_path / "b", max_new_tokens=ctx - 3)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
