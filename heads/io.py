@@ -24,6 +24,19 @@ def save_head(head: Head, out_dir: str | os.PathLike, extra_json: dict | None = 
     return write_head_dir(out_dir, head.to_config_dict(), state, extra_json)
 
 
+def check_aux_layers(config: dict, target_config, path: str | os.PathLike) -> None:
+    """Refuse a head whose hidden-state taps (config.json's aux_hidden_state_layer_ids) lie outside the target's
+    layers: from the two configs alone, so it runs before any weights load (else an IndexError at the first
+    prefill)."""
+    n = int(target_config.num_hidden_layers)
+    aux = config.get("aux_hidden_state_layer_ids") or []
+    if not isinstance(aux, list) or not all(isinstance(i, int) and 0 <= i <= n for i in aux):
+        raise DraftsmithError(
+            f"head {path}: aux_hidden_state_layer_ids {aux} must be hidden_states indices in [0, {n}] (the target "
+            f"has {n} layers); fix config.json or retrain the head for this target"
+        )
+
+
 def load_head(
     path: str | os.PathLike,
     target_model,
@@ -39,13 +52,7 @@ def load_head(
     if check:
         check_target(config.get("target", {}), target_model, f"head {path}")
     kind = config["draftsmith_head_type"]
-    n = int(target_model.config.num_hidden_layers)
-    aux = config.get("aux_hidden_state_layer_ids") or []
-    if not isinstance(aux, list) or not all(isinstance(i, int) and 0 <= i <= n for i in aux):
-        raise DraftsmithError(  # else an IndexError at the first prefill
-            f"head {path}: aux_hidden_state_layer_ids {aux} must be hidden_states indices in [0, {n}] (the target "
-            f"has {n} layers); fix config.json or retrain the head for this target"
-        )
+    check_aux_layers(config, target_model.config, path)
     try:  # a config.json edited by hand (a wrong type, an impossible size) fails inside the constructors
         head = head_kind(kind).load(config)
     except (TypeError, ValueError) as e:

@@ -355,7 +355,7 @@ def test_vocab_and_eval_check_out_before_any_work(command, where, tiny_dirs, tmp
     assert says in _refused(capsys, main(argv), tmp_path, before)
 
 
-def test_an_eagle3_head_with_an_aux_layer_past_the_target_is_one_line(
+def test_an_eagle3_head_with_an_aux_layer_past_the_target_is_one_line_before_the_load(
     tiny_dirs, tmp_path, capsys, monkeypatch
 ):
     monkeypatch.setenv("DRAFTSMITH_CPU_LAYOUT", "off")  # no CPU layout measured for a run refused at the head
@@ -369,16 +369,20 @@ def test_an_eagle3_head_with_an_aux_layer_past_the_target_is_one_line(
     cfg = json.loads((folder / "config.json").read_text())
     cfg["aux_hidden_state_layer_ids"] = [0, 1, 99]
     (folder / "config.json").write_text(json.dumps(cfg))
+    from draftsmith import models
+
+    def no_load(*a, **k):
+        raise AssertionError(
+            "the target's weights were loaded before the head was checked against its config"
+        )
+
+    monkeypatch.setattr(models, "load_model", no_load)
     rc = main(
         ["eval", "--target", tiny_dirs["target"], "--drafter", f"eagle3:{folder}", "--prompts"]
         + [_prompt_file(tmp_path), "--device", "cpu", "--no-progress", "--max-new-tokens", "4", "--k", "2"]
     )
-    # refused once the target is loaded (the head is checked against it): transformers' load bar, then one line
-    err = [
-        line
-        for line in capsys.readouterr().err.strip().splitlines()
-        if not line.startswith("Loading weights")
-    ]
+    # refused from the target's config, before its weights load: one line
+    err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), err
     assert "aux_hidden_state_layer_ids" in err[0] and "[0, 2]" in err[0]
 

@@ -24,6 +24,7 @@ from draftsmith.cpulayout import tune_linears
 from draftsmith.decode.drafters import DrafterContext, build_draft, build_ngram
 from draftsmith.decode.proposer import Proposer
 from draftsmith.errors import DraftsmithError
+from draftsmith.heads.io import check_aux_layers
 from draftsmith.heads.kinds import HEAD_KINDS
 from draftsmith.kinds import (
     DrafterKind,
@@ -287,6 +288,16 @@ def validate_spec(spec: str, k: int | None = None, batch: int = 1) -> tuple[str,
             f"{spec}: compile=1 drafts one prompt at a time; drop compile=1 or the batch sizes above 1"
         )
     return split_spec(spec)
+
+
+def check_against_target(spec: str, target_config) -> None:
+    """What a drafter folder asks of the target, checked from the target's config before its weights load: the
+    kind supports the architecture, and a head's hidden-state taps lie inside the target's layers."""
+    DRAFTERS[split_spec(spec)[0]].check_target(target_config)
+    s = parse_spec(spec)
+    config = _folder_config(s.record, s.path) if s.path else None
+    if config is not None and "aux_hidden_state_layer_ids" in config:
+        check_aux_layers(config, target_config, s.path)
 
 
 def build_proposer(spec: str, ctx: DrafterContext, k: int | None = None) -> Proposer:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from draftsmith import cpulayout, models
-from draftsmith.app.drafters import build_proposer, split_spec, validate_spec
+from draftsmith.app.drafters import build_proposer, check_against_target, split_spec, validate_spec
 from draftsmith.compat import check_compatible
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
@@ -68,7 +68,9 @@ def evaluate(
         )
     tokenizer = tokenizer if tokenizer is not None else models.load_tokenizer(target)
     # encoded before any weights load: a prompt too long for the context, or no room for the answer, is refused now
-    encoded = encode_prompts(_max_positions(target_model, target), tokenizer, prompts, settings)
+    target_config = target_model.config if target_model is not None else models.load_config(target)
+    encoded = encode_prompts(_max_positions(target_config), tokenizer, prompts, settings)
+    check_against_target(drafter, target_config)
     if target_model is None:
         if kind == "draft":  # tokenizer compatibility from configs + tokenizers, before any weights load
             check_compatible(target, drafter_arg.partition(",")[0])
@@ -109,9 +111,8 @@ def _load_prompts(prompts: str | list[Prompt], limit: int | None) -> tuple[str, 
     return source, loaded
 
 
-def _max_positions(target_model, target) -> int:
-    """The target's context (SpeculativeDecoder.max_positions), from the loaded model or else its config alone."""
-    cfg = target_model.config if target_model is not None else models.load_config(target)
+def _max_positions(cfg) -> int:
+    """The target's context (SpeculativeDecoder.max_positions), from its config."""
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     return int(getattr(cfg, "max_position_embeddings", 0) or 0)
 
