@@ -14,7 +14,7 @@ from draftsmith.gqa import use_packed_gqa
 from draftsmith.modeling import rollback_cache
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 from draftsmith.vocab import softcap_logits
-from draftsmith.woq import GROUP, quantize_linear, quantize_linears
+from draftsmith.woq import DENSE_ROWS, GROUP, quantize_linear, quantize_linears
 
 from .cache import compile_options, crop_to, static_len
 from .proposer import Proposal
@@ -147,14 +147,16 @@ class DraftModelProposer:
     def warm_up(self) -> None:
         """Compile the step's graphs now (a compiled draft), in the buffers the next prompts use: one column (a
         drafted token), then several (the committed tokens after a full accept; dynamo marks their count dynamic
-        at the second length, so a third reuses it). Nothing for an eager draft."""
+        at the second length, so a third reuses it), then more than woq.DENSE_ROWS (the tokens an adaptive draft
+        length's plain steps left to feed: an int4 Linear takes its dense branch there, a graph of its own; met
+        inside a measured prompt, it compiled for 70 s). Nothing for an eager draft."""
         if not self.compiles:
             return
-        ids = torch.ones(1, 8, dtype=torch.long, device=self.device)
+        ids = torch.ones(1, 2 * DENSE_ROWS, dtype=torch.long, device=self.device)
         self.begin(ids[:, :4])
         self._feed_committed()
         rc = self.cache
-        for n in (1, 2, 3):
+        for n in (1, 2, 3, 2 * DENSE_ROWS):
             self._run(ids[:, :n].clone(), rc.block_inputs(n, self.model.dtype, self.device), None)
             rc.commit([range(n)], n)
 

@@ -65,3 +65,27 @@ def test_without_the_reservation_longer_prompts_compile_inside_requests(tiny_tar
     drafter = DraftModelProposer(tiny_draft, 384, compile="aot_eager")
     warm, after = _measure(decoder, drafter, monkeypatch, reserve=False)
     assert after > 0, (warm, after)
+
+
+def test_a_compiled_int4_draft_catches_up_after_plain_steps_without_compiling(tiny_target):
+    """An adaptive draft length's plain steps leave the draft several committed tokens to feed at once, more than
+    woq.DENSE_ROWS: an int4 draft's Linears take their dense branch there, a graph the warm-up compiles too."""
+    from draftsmith.decode.adaptive import AdaptiveK
+    from draftsmith.decode.speed import StepCosts
+    from draftsmith.testing import tiny_model
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    dec = SpeculativeDecoder(tiny_target, eos_ids=set())
+    prompt = torch.randint(1, 384, (1, 20), generator=torch.Generator().manual_seed(0))
+    want = dec.generate(prompt, None, max_new_tokens=30).tokens
+    prop = DraftModelProposer(tiny_model("llama", 1, num_hidden_layers=1), 384, compile="aot_eager", bits=4)
+    prop.reserve(64)
+    prop.warm_up()
+    warm = _graphs()
+    # drafting costs more than it returns: plain steps, a probe every 6th step (6 tokens to feed first)
+    policy = AdaptiveK(StepCosts(step_s=1.0, verify_s={4.0: 1.0}, draft_s=1.2), k_max=3, probe_every=6)
+    res = dec.generate(prompt, prop, k=policy, max_new_tokens=30)
+    assert res.tokens == want and "00000" in res.k_policy["k_steps"]
+    assert _graphs() == warm, (warm, _graphs())
+    torch._dynamo.reset()
