@@ -39,6 +39,16 @@ def _isolated_cache(monkeypatch):
     monkeypatch.setenv("DRAFTSMITH_CACHE", os.environ["DRAFTSMITH_CACHE"])
 
 
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Fail the test if a model loads: bad input must be refused before any weights are read."""
+
+    def boom(*a, **k):
+        raise AssertionError("a model loaded before the bad input was refused")
+
+    monkeypatch.setattr("draftsmith.models.load_model", boom)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     from draftsmith.testing import tiny_tokenizer

@@ -17,16 +17,6 @@ from draftsmith.errors import DraftsmithError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Fail the test if a model loads: bad input must be refused before any work."""
-
-    def boom(*a, **k):
-        raise AssertionError("a model loaded before the bad input was refused")
-
-    monkeypatch.setattr("draftsmith.models.load_model", boom)
-
-
 @pytest.fixture(scope="module")
 def medusa_dir(tmp_path_factory):
     from draftsmith.heads.io import save_head

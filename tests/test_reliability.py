@@ -20,16 +20,6 @@ from draftsmith.errors import DraftsmithError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Fail the test if a model loads: bad input must be refused before any weights are read."""
-
-    def boom(*a, **k):
-        raise AssertionError("a model loaded before the bad input was refused")
-
-    monkeypatch.setattr("draftsmith.models.load_model", boom)
-
-
 def _snapshot(d: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(d)): (p.stat().st_size, p.stat().st_mtime_ns) for p in d.rglob("*")}
 
@@ -356,7 +346,7 @@ def test_vocab_and_eval_check_out_before_any_work(command, where, tiny_dirs, tmp
 
 
 def test_an_eagle3_head_with_an_aux_layer_past_the_target_is_one_line_before_the_load(
-    tiny_dirs, tmp_path, capsys, monkeypatch
+    tiny_dirs, tmp_path, capsys, monkeypatch, no_model_loads
 ):
     monkeypatch.setenv("DRAFTSMITH_CPU_LAYOUT", "off")  # no CPU layout measured for a run refused at the head
     from draftsmith.heads.eagle import EagleHead
@@ -369,14 +359,6 @@ def test_an_eagle3_head_with_an_aux_layer_past_the_target_is_one_line_before_the
     cfg = json.loads((folder / "config.json").read_text())
     cfg["aux_hidden_state_layer_ids"] = [0, 1, 99]
     (folder / "config.json").write_text(json.dumps(cfg))
-    from draftsmith import models
-
-    def no_load(*a, **k):
-        raise AssertionError(
-            "the target's weights were loaded before the head was checked against its config"
-        )
-
-    monkeypatch.setattr(models, "load_model", no_load)
     rc = main(
         ["eval", "--target", tiny_dirs["target"], "--drafter", f"eagle3:{folder}", "--prompts"]
         + [_prompt_file(tmp_path), "--device", "cpu", "--no-progress", "--max-new-tokens", "4", "--k", "2"]

@@ -136,13 +136,9 @@ def test_sampled_generation_is_seeded_and_recorded(tiny_dirs, prompt_file, tmp_p
         _gen(tiny_dirs, prompt_file, tmp_path / "a", seed=3)
 
 
-def test_generate_refuses_what_does_not_fit_before_the_load(tiny_dirs, prompt_file, tmp_path, monkeypatch):
+def test_generate_refuses_what_does_not_fit_before_the_load(tiny_dirs, prompt_file, tmp_path, no_model_loads):
     from draftsmith import models
 
-    def no_load(*a, **k):
-        raise AssertionError("the target's weights were loaded before the prompts were checked")
-
-    monkeypatch.setattr(models, "load_model", no_load)
     ctx = models.load_config(tiny_dirs["target"]).max_position_embeddings
     with pytest.raises(DraftsmithError, match="no room is left"):
         _gen(tiny_dirs, prompt_file, tmp_path / "a", max_new_tokens=ctx + 5)
