@@ -145,6 +145,7 @@ class LlamaServer:
 EAGLE3_TARGET_TYPES = {
     "llama": "llama",
     "mistral": "llama",
+    "mixtral": "llama",
     "qwen2": "qwen2 (patched)",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3moe",

@@ -262,9 +262,14 @@ def test_check_prints_the_support_table_of_every_architecture(tmp_path, capsys, 
     assert "sliding window 8" in tables["mistral"] and "final logit soft-cap 3" in tables["gemma2"]
     sglang = "  SGLang     eagle3 / dflash          "
     llamacpp = "  llama.cpp  eagle3 / dflash          "
-    for arch in ("llama", "qwen3", "qwen3_moe"):
+    for arch in ("llama", "qwen2", "qwen3", "qwen3_moe"):  # qwen2: the pinned build's patch
         assert f"{llamacpp}yes" in tables[arch] and f"{sglang}yes" in tables[arch], arch
-    assert f"{llamacpp}no: upstream llama.cpp aborts" in tables["qwen2"]
+        assert f"  eagle3     {'gguf':<19} yes" in tables[arch], arch
+    for arch in ("gemma2", "phi3"):
+        assert (
+            f"  eagle3     {'gguf':<19} no: {arch}: its llama.cpp graph records no layer inputs"
+            in tables[arch]
+        )
     for arch in ("gemma2", "phi3"):
         assert f"{llamacpp}no: {arch}: its llama.cpp graph records no layer inputs" in tables[arch]
     assert f"{sglang}no: gemma2:" in tables["gemma2"]

@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from draftsmith.app.exporters import gguf
 from draftsmith.errors import DraftsmithError
+from draftsmith.llamacpp import EAGLE3_TARGET_TYPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,11 +64,7 @@ class EngineTargets:
 
 _SGLANG_CAPTURE = ("llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3", "qwen3_moe")
 _VLLM_EAGLE3 = ("llama", "qwen", "minicpm", "gpt_oss")  # matched as substrings of model_type, as vLLM does
-_LLAMACPP_LAYER_INPUTS = ("llama", "mistral", "mixtral", "qwen3", "qwen3_moe")
-_QWEN2_LLAMACPP = (
-    "upstream llama.cpp aborts (its qwen2 graph records no layer inputs); draftsmith's pinned build patches it "
-    "(scripts/llamacpp/qwen2-layer-inputs.patch)"
-)
+_LLAMACPP_LAYER_INPUTS = tuple(EAGLE3_TARGET_TYPES)  # qwen2 through the pinned build's patch
 ENGINE_TARGETS = (
     EngineTargets("vLLM", "medusa", ("vllm-medusa",), None, ""),
     EngineTargets(
@@ -108,8 +106,7 @@ ENGINE_TARGETS = (
         (),
         _LLAMACPP_LAYER_INPUTS,
         "its llama.cpp graph records no layer inputs, which EAGLE-3 and DFlash heads read (llama, qwen3, qwen3moe "
-        "and gemma4 graphs do)",
-        {"qwen2": _QWEN2_LLAMACPP},
+        "and gemma4 graphs do, and qwen2 in draftsmith's pinned build, patched)",
     ),
 )
 
@@ -166,7 +163,15 @@ def format_support(config) -> list[tuple[str, str, str | None]]:
                 except DraftsmithError as e:
                     why = str(e)
             rows.append((name, fmt.name, why))
+        if gguf.format_for(name) is not None:
+            rows.append((name, gguf.GGUF, kinds.get(name) or _gguf_refusal(name, config)))
     return rows
+
+
+def _gguf_refusal(kind: str, config) -> str | None:
+    """Why llama.cpp cannot run a `kind` GGUF for this target (None: it can): its engine row."""
+    method = "draft LM (draft-simple)" if kind == "draft" else "eagle3 / dflash"
+    return next(why for engine, m, why in engine_support(config) if engine == "llama.cpp" and m == method)
 
 
 def support_table(config, name: str) -> list[str]:
