@@ -139,14 +139,17 @@ def test_refusals_are_one_line_naming_the_architecture_before_any_work(tmp_path)
 
 # -- the sampled joint law, with a tree of siblings, alone and beside a padded row --------------------------------
 # The verify rule is one code path for every architecture and kind; what an architecture changes under it is the
-# target's law (Gemma's soft-capped logits) and the masks of windowed layers (Mistral, Gemma's local layers). Those
-# two run here (~10 s each on 2 cores); Llama's and Qwen2's laws are tested in test_decode_decoder.py and
-# test_draft_siblings.py, and the other architectures' would repeat Llama's path at ~10 s a cell.
-# arch -> (config overrides for a 4-token vocabulary, the config change that removes the trait): a cap of 1 bends
-# 4-token logits enough that 800 draws tell the capped law from the uncapped one
+# target's law (Gemma's soft-capped logits, Qwen3's q/k norms, a mixture's routing, Phi-3's fused projections) and
+# the masks of windowed layers (Mistral, Gemma's local layers). Llama's and Qwen2's laws are tested in
+# test_decode_decoder.py and test_draft_siblings.py; the other five run here (~10 s each on 2 cores).
+# arch -> (config overrides for a 4-token vocabulary, the config change that removes the trait, or None where no one
+# setting does): a cap of 1 bends 4-token logits enough that 800 draws tell the capped law from the uncapped one
 SAMPLED = {
     "gemma2": ({"final_logit_softcapping": 1.0}, {"final_logit_softcapping": None}),
     "mistral": ({}, {"sliding_window": None}),
+    "qwen3": ({}, None),
+    "qwen3_moe": ({}, None),
+    "phi3": ({}, None),
 }
 
 
@@ -164,6 +167,8 @@ def test_sampled_joint_law_on_every_architecture(arch):
     prompt = torch.tensor([[1, 3, 0, 2, 2, 1, 0, 3, 1, 2]])
     counts, law = sampled_joint_counts(dec, DraftModelProposer(draft, 4, siblings=2), prompt, n=800)
     assert chi2_pvalue(counts, law) > 1e-3, (arch, joint_tvd(counts, law))
+    if without is None:
+        return
     kept = {key: getattr(target.config, key) for key in without}
     try:
         for key, value in without.items():
