@@ -456,3 +456,18 @@ def aten_calls(fn) -> list[tuple[str, tuple[int, ...], bool]]:
     with Record():
         fn()
     return calls
+
+
+def folder_snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every path under `folder` with its size and modification time: equal before and after a command that wrote
+    nothing there."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def refused_line(capsys, rc: int, folder: Path, before: dict) -> str:
+    """The one `error:` line a refused CLI call printed, after checking its exit status 2 and that `folder` is as
+    `before` (a folder_snapshot) had it."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), (rc, err)
+    assert folder_snapshot(folder) == before, "files were written"
+    return err[0]

@@ -13,6 +13,7 @@ import pytest
 from draftsmith.app.cli import main
 from draftsmith.config import load_config
 from draftsmith.errors import DraftsmithError
+from draftsmith.testing import folder_snapshot, refused_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,18 +26,6 @@ def medusa_dir(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("head")
     return str(save_head(MedusaHeads.from_target(tiny_llama(seed=0), num_heads=2), root / "final"))
-
-
-def _snapshot(d: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(d)): (p.stat().st_size, p.stat().st_mtime_ns) for p in d.rglob("*")}
-
-
-def _refused(capsys, rc: int, folder: Path, before: dict) -> str:
-    """The one error line, after checking the status and that `folder` is as it was."""
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), (rc, err)
-    assert _snapshot(folder) == before, "files were written"
-    return err[0]
 
 
 # ---- item 1: every command checks its output path first ----------------------------------------------------------
@@ -68,9 +57,9 @@ def test_unusable_output_path_is_one_line_before_any_work(
 ):
     (tmp_path / "a_file").write_text("not a folder\n")
     path, says = WHERE[where]
-    before = _snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     argv = COMMANDS[command]({**tiny_dirs, "head": medusa_dir}, path(tmp_path))
-    err = _refused(capsys, main(argv), tmp_path, before)
+    err = refused_line(capsys, main(argv), tmp_path, before)
     assert says in err
 
 
@@ -82,10 +71,10 @@ def test_train_output_dir_under_a_file_is_one_line_before_any_work(
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     (tmp_path / "a_file").write_text("not a folder\n")
-    before = _snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'a_file' / 'run'}"]
     rc = script.main(argv + (["head.kind=medusa"] if trainer == "heads" else []))
-    assert "output_dir" in _refused(capsys, rc, tmp_path, before)
+    assert "output_dir" in refused_line(capsys, rc, tmp_path, before)
 
 
 # ---- item 5: numbers that are not numbers, records without their field, results that are not results -------------
@@ -115,12 +104,12 @@ def test_a_prompt_record_without_its_field_is_named_not_dropped(tiny_dirs, tmp_p
     with pytest.raises(DraftsmithError, match=r"record 2 has no prompt text.*promt"):
         load_prompts(str(f))
     out = tmp_path / "ev"
-    before = _snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     rc = main(
         ["eval", "--target", tiny_dirs["target"], "--drafter", "ngram:", "--prompts", str(f)]
         + ["--out", str(out)]
     )
-    assert "record 2" in _refused(capsys, rc, tmp_path, before)
+    assert "record 2" in refused_line(capsys, rc, tmp_path, before)
 
 
 def test_a_training_pair_without_its_response_is_named_not_dropped(tmp_path, tiny_tokenizer):
@@ -139,12 +128,12 @@ def test_push_refuses_results_that_are_not_numbers(key, value, medusa_dir, tmp_p
     from test_modelcard import EVAL
 
     (tmp_path / "eval.json").write_text(json.dumps({**EVAL, key: value}))  # NaN as json.dumps writes it
-    before = _snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     staged = tmp_path / "staged"
     rc = main(
         ["push", medusa_dir, "me/tiny", "--eval", str(tmp_path / "eval.json"), "--dry-run", str(staged)]
     )
-    err = _refused(capsys, rc, tmp_path, before)
+    err = refused_line(capsys, rc, tmp_path, before)
     assert key in err and "--no-results" in err
 
 
@@ -155,9 +144,9 @@ def test_quickstart_rerun_into_results_needs_overwrite(tiny_dirs, tmp_path, caps
     out = tmp_path / "qs"
     out.mkdir()
     (out / "quickstart.json").write_text('{"earlier": true}\n')
-    before = _snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     rc = main(["quickstart", "--out", str(out), "--target", tiny_dirs["target"], "--fast"])
-    assert "--overwrite" in _refused(capsys, rc, tmp_path, before)
+    assert "--overwrite" in refused_line(capsys, rc, tmp_path, before)
 
 
 @pytest.mark.parametrize(
@@ -172,7 +161,7 @@ def test_overwrite_never_replaces_a_file_with_a_folder(
     argv, tiny_dirs, medusa_dir, tmp_path, capsys, no_model_loads
 ):
     (tmp_path / "a_file").write_text("keep me\n")
-    before = _snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     rc = main(argv({**tiny_dirs, "head": medusa_dir}, str(tmp_path / "a_file")))
-    assert "is a file" in _refused(capsys, rc, tmp_path, before)
+    assert "is a file" in refused_line(capsys, rc, tmp_path, before)
     assert (tmp_path / "a_file").read_text() == "keep me\n"

@@ -16,20 +16,9 @@ import torch
 
 from draftsmith.app.cli import main
 from draftsmith.errors import DraftsmithError
+from draftsmith.testing import folder_snapshot, refused_line
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _snapshot(d: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(d)): (p.stat().st_size, p.stat().st_mtime_ns) for p in d.rglob("*")}
-
-
-def _refused(capsys, rc: int, folder: Path, before: dict) -> str:
-    """The one error line, after checking the status and that `folder` is as it was."""
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), (rc, err)
-    assert _snapshot(folder) == before, "files were written"
-    return err[0]
 
 
 def _script(name: str):
@@ -83,11 +72,11 @@ def _resume(run: dict, steps: int, *flags: str) -> list[str]:
 @pytest.mark.parametrize("trainer", ["heads", "distill"])
 def test_resume_with_overwrite_is_refused_and_the_run_is_kept(trainer, heads_run, capsys, no_model_loads):
     out = heads_run["out"]
-    before = _snapshot(out)
+    before = folder_snapshot(out)
     argv = _resume(heads_run, 4, "--overwrite") if trainer == "heads" else [
         f"model.target={heads_run['target']}", f"output_dir={out}", "--resume", "--overwrite"
     ]  # fmt: skip
-    err = _refused(capsys, _script(trainer).main(argv), out, before)
+    err = refused_line(capsys, _script(trainer).main(argv), out, before)
     assert "--resume" in err and "--overwrite" in err
     assert (out / "checkpoints").is_dir() and len((out / "metrics.jsonl").read_text().splitlines()) > 1
 
@@ -104,8 +93,8 @@ def test_damaged_checkpoint_is_refused_before_the_target_loads(
     good = f.read_bytes()
     f.write_bytes({"truncated": good[: len(good) // 2], "garbage": b"\x13garbage" * 50, "empty": b""}[damage])
     try:
-        before = _snapshot(out)
-        err = _refused(capsys, _script("heads").main(_resume(heads_run, 4)), out, before)
+        before = folder_snapshot(out)
+        err = refused_line(capsys, _script("heads").main(_resume(heads_run, 4)), out, before)
     finally:
         f.write_bytes(good)
     assert f.parent.name in err and name in err and "delete" in err
@@ -119,8 +108,8 @@ def test_a_damaged_run_file_is_refused_before_the_target_loads(damage, heads_run
     # run.yaml that is not YAML; a metrics line broken before the last one (file line 3, after a blank line)
     f.write_text("{: not yaml\n" if damage == "run.yaml" else good.replace("\n", "\n\n{torn\n", 1))
     try:
-        before = _snapshot(out)
-        err = _refused(capsys, _script("heads").main(_resume(heads_run, 4)), out, before)
+        before = folder_snapshot(out)
+        err = refused_line(capsys, _script("heads").main(_resume(heads_run, 4)), out, before)
     finally:
         f.write_text(good)
     assert str(f) in err and "--overwrite" in err
@@ -135,12 +124,12 @@ def test_a_cache_folder_that_is_a_file_is_refused_at_once(entry, where, tiny_dir
     cache = tmp_path / "a_file" if where == "a-file" else tmp_path / "a_file" / "cache"
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(cache))
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'run'}", "head.kind=medusa"]
-    before = _snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     if entry == "eval":
         rc = main(["eval", "--target", "smollm2-135m", "--drafter", "ngram:", "--prompts", "builtin:vicuna"])
     else:
         rc = _script("heads").main(argv)
-    assert "DRAFTSMITH_CACHE" in _refused(capsys, rc, tmp_path, before)
+    assert "DRAFTSMITH_CACHE" in refused_line(capsys, rc, tmp_path, before)
 
 
 def test_truncated_hidden_cache_shard_is_discarded_in_one_line_and_recomputed(tiny_dirs, tmp_path, capsys):
@@ -198,11 +187,11 @@ def test_hidden_cache_path_is_checked_before_the_target_loads(
     (tmp_path / "cache" / "meta.json").write_text('["not", "a", "meta"]')
     path = {"a-file": tmp_path / "a_file", "under-a-file": tmp_path / "a_file" / "sub",
             "damaged-meta": tmp_path / "cache"}[where]  # fmt: skip
-    before = _snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'run'}", "train.max_steps=1"]
     argv += [a for a in HEADS_ARGS if "hidden_states" not in a]
     rc = _script("heads").main([*argv, "data.hidden_states=offline", f"data.hidden_cache={path}"])
-    err = _refused(capsys, rc, tmp_path, before)
+    err = refused_line(capsys, rc, tmp_path, before)
     assert "data.hidden_cache" in err
 
 
@@ -210,13 +199,13 @@ def test_hidden_cache_path_is_checked_before_the_target_loads(
 def test_max_length_beyond_the_context_is_refused_before_the_target_loads(
     trainer, tiny_dirs, tmp_path, capsys, no_model_loads
 ):
-    before = _snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'run'}", "train.max_steps=1"]
     if trainer == "heads":
         argv += [a for a in HEADS_ARGS if "max_length" not in a]
     else:
         argv += ["data.source=[builtin:train-text]", "data.policy=fixed", "data.limit=8", "data.eval_size=2"]
-    err = _refused(capsys, _script(trainer).main([*argv, "data.max_length=1024"]), tmp_path, before)
+    err = refused_line(capsys, _script(trainer).main([*argv, "data.max_length=1024"]), tmp_path, before)
     assert "data.max_length=1024" in err and "512" in err
 
 
@@ -225,10 +214,10 @@ def test_a_heads_data_record_without_its_response_is_refused_before_the_target_l
 ):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text('{"prompt": "Say hi", "response": "hi"}\n\n{"prompt": "Say hello"}\n')
-    before = _snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'run'}", "train.max_steps=1"]
     argv += [a for a in HEADS_ARGS if "data.source" not in a] + [f"data.source={pairs}"]
-    err = _refused(capsys, _script("heads").main(argv), tmp_path, before)
+    err = refused_line(capsys, _script("heads").main(argv), tmp_path, before)
     assert "record 2 has no response" in err and "line 3 of the file" in err
 
 
@@ -236,9 +225,9 @@ def test_a_heads_data_record_without_its_response_is_refused_before_the_target_l
 def test_a_bad_cpu_layout_switch_is_refused_by_the_trainers(trainer, tiny_dirs, tmp_path, capsys, monkeypatch,
                                                             no_model_loads):  # fmt: skip
     monkeypatch.setenv("DRAFTSMITH_CPU_LAYOUT", "garbage")
-    before = _snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'run'}"]
-    err = _refused(capsys, _script(trainer).main(argv + (["head.kind=medusa"] if trainer == "heads" else [])),
+    err = refused_line(capsys, _script(trainer).main(argv + (["head.kind=medusa"] if trainer == "heads" else [])),
                    tmp_path, before)  # fmt: skip
     assert "DRAFTSMITH_CPU_LAYOUT" in err
 
@@ -256,8 +245,8 @@ def test_a_temperature_too_small_to_sample_with_is_refused_before_the_load(
         if command == "eval"
         else ["generate", "--target", tiny_dirs["target"], "--out", str(tmp_path / "gen"), "--limit", "1"]
     )
-    before = _snapshot(tmp_path)
-    err = _refused(capsys, main([*argv, "--temperature", temperature]), tmp_path, before)
+    before = folder_snapshot(tmp_path)
+    err = refused_line(capsys, main([*argv, "--temperature", temperature]), tmp_path, before)
     assert "temperature" in err and "0 for greedy" in err
 
 
@@ -277,8 +266,8 @@ JSON_SHAPES = {"number": "42", "null": "null", "string": '"hello"', "boolean": "
 def test_a_json_prompt_file_that_is_not_a_list_is_refused(shape, tiny_dirs, tmp_path, capsys, no_model_loads):
     f = tmp_path / "p.json"
     f.write_text(JSON_SHAPES[shape] + "\n")
-    before = _snapshot(tmp_path)
-    err = _refused(capsys, main(_eval(tiny_dirs["target"], "--prompts", str(f))), tmp_path, before)
+    before = folder_snapshot(tmp_path)
+    err = refused_line(capsys, main(_eval(tiny_dirs["target"], "--prompts", str(f))), tmp_path, before)
     assert str(f) in err and "not a list" in err
 
 
@@ -298,8 +287,8 @@ def _parquet(tmp_path: Path, how: str) -> Path:
 @pytest.mark.parametrize("how", ["garbage", "empty", "truncated"])
 def test_a_damaged_parquet_prompt_file_is_one_line(how, tiny_dirs, tmp_path, capsys, no_model_loads):
     f = _parquet(tmp_path, how)
-    before = _snapshot(tmp_path)
-    err = _refused(capsys, main(_eval(tiny_dirs["target"], "--prompts", str(f))), tmp_path, before)
+    before = folder_snapshot(tmp_path)
+    err = refused_line(capsys, main(_eval(tiny_dirs["target"], "--prompts", str(f))), tmp_path, before)
     assert str(f) in err and "parquet" in err
 
 
@@ -314,8 +303,8 @@ def test_jsonl_errors_name_the_file_line(tiny_dirs, tmp_path, capsys, no_model_l
     no_field.write_text('{"prompt": "Say hi"}\n\n{"promt": "Say hello"}\n')
     with pytest.raises(DraftsmithError, match=r"record 2 has no prompt text.*\(line 3 of the file\)"):
         load_prompts(str(no_field))
-    before = _snapshot(tmp_path)
-    err = _refused(capsys, main(_eval(tiny_dirs["target"], "--prompts", str(bad_json))), tmp_path, before)
+    before = folder_snapshot(tmp_path)
+    err = refused_line(capsys, main(_eval(tiny_dirs["target"], "--prompts", str(bad_json))), tmp_path, before)
     assert "line 3" in err
 
 
@@ -341,8 +330,8 @@ def test_vocab_and_eval_check_out_before_any_work(command, where, tiny_dirs, tmp
         if command == "vocab"
         else _eval(tiny_dirs["target"], "--prompts", _prompt_file(tmp_path), "--out", path(tmp_path))
     )
-    before = _snapshot(tmp_path)
-    assert says in _refused(capsys, main(argv), tmp_path, before)
+    before = folder_snapshot(tmp_path)
+    assert says in refused_line(capsys, main(argv), tmp_path, before)
 
 
 def test_an_eagle3_head_with_an_aux_layer_past_the_target_is_one_line_before_the_load(
@@ -436,8 +425,8 @@ def test_no_room_for_the_answer_is_refused_before_the_load_without_a_negative_co
     flag, value, tiny_dirs, tmp_path, capsys, no_model_loads
 ):
     argv = _eval(tiny_dirs["target"], "--prompts", _prompt_file(tmp_path), flag, value)
-    before = _snapshot(tmp_path)
-    err = _refused(capsys, main(argv), tmp_path, before)
+    before = folder_snapshot(tmp_path)
+    err = refused_line(capsys, main(argv), tmp_path, before)
     assert "max_new_tokens" in err and not re.search(r"-\d", err) and "shorten" not in err
 
 
@@ -446,8 +435,8 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_the_load(
 ):
     f = tmp_path / "long.jsonl"
     f.write_text(json.dumps({"prompt": " ".join(["word"] * 800)}) + "\n")
-    before = _snapshot(tmp_path)
-    err = _refused(capsys, main(_eval(tiny_dirs["target"], "--prompts", str(f))), tmp_path, before)
+    before = folder_snapshot(tmp_path)
+    err = refused_line(capsys, main(_eval(tiny_dirs["target"], "--prompts", str(f))), tmp_path, before)
     assert "tokens but only" in err and "fit the context" in err
 
 
@@ -467,8 +456,8 @@ def test_a_truncated_gguf_names_the_file_not_the_network(tmp_path, capsys):
     f = tmp_path / "model.gguf"
     with src.open("rb") as fh:
         f.write_bytes(fh.read(3_000_000))
-    before = _snapshot(tmp_path)
-    err = _refused(
+    before = folder_snapshot(tmp_path)
+    err = refused_line(
         capsys, main(_eval(str(f), "--prompts", "builtin:vicuna", "--limit", "1")), tmp_path, before
     )
     assert str(f) in err and "truncated" in err and "HF_TOKEN" not in err and "network" not in err
@@ -479,19 +468,19 @@ def test_a_damaged_vocab_file_is_refused_before_the_load(tiny_dirs, tmp_path, ca
     bad.write_bytes(b"garbage" * 20)
     argv = _eval(tiny_dirs["target"], "--prompts", _prompt_file(tmp_path))
     argv[argv.index("ngram:")] = f"draft:{tiny_dirs['draft']},vocab={bad}"
-    before = _snapshot(tmp_path)
-    err = _refused(capsys, main(argv), tmp_path, before)
+    before = folder_snapshot(tmp_path)
+    err = refused_line(capsys, main(argv), tmp_path, before)
     assert str(bad) in err
 
 
 @pytest.mark.parametrize("budget", ["0.01", "0.5"])
 def test_a_quickstart_budget_no_plan_fits_is_refused_before_measuring(budget, tiny_dirs, tmp_path, capsys,
                                                                       no_model_loads):  # fmt: skip
-    before = _snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     rc = main(
         ["quickstart", "--target", tiny_dirs["target"], "--out", str(tmp_path / "qs"), "--budget-min", budget]
     )
-    assert "--budget-min" in _refused(capsys, rc, tmp_path, before)
+    assert "--budget-min" in refused_line(capsys, rc, tmp_path, before)
 
 
 ARGPARSE = {
@@ -511,7 +500,7 @@ ARGPARSE = {
 def test_argument_errors_are_one_line(case, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rc = main(ARGPARSE[case])
-    err = _refused(capsys, rc, tmp_path, {})
+    err = refused_line(capsys, rc, tmp_path, {})
     assert "--help" in err
 
 
@@ -520,7 +509,7 @@ def test_trainer_argument_errors_are_one_line(trainer, tmp_path, capsys, monkeyp
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
         _script(trainer).main(["--devices", "abc"])
-    err = _refused(capsys, e.value.code, tmp_path, {})
+    err = refused_line(capsys, e.value.code, tmp_path, {})
     assert "--devices" in err
 
 

@@ -154,30 +154,26 @@ def _write_draft(ckpt: Checkpoint, out: Path, outtype: str) -> dict:
 def _write_eagle3(ckpt: Checkpoint, out: Path, opts: ExportOptions, outtype: str) -> dict:
     from draftsmith.heads.eagle.export import check_sglang, sglang_eagle3
 
-    check_sglang(ckpt.config, str(ckpt.path))  # the SGLang layout is the converter's input
-    target = feature_target_dir(ckpt, opts.verifier)
-    llamacpp.converter()  # the build is there before any tensor is read
-    with tempfile.TemporaryDirectory(prefix="draftsmith-gguf-") as tmp:
-        notes = head_export(sglang_eagle3)(ckpt, Path(tmp), opts)
-        file = llamacpp.convert(tmp, out / f"eagle3.{outtype}.gguf", outtype=outtype, target_dir=target)
-    return {
-        **notes,
-        "gguf_file": file.name,
-        "gguf_type": outtype,
-        "target_dir": str(target),
-        "llama_cpp": llamacpp.build_info(),
-    }
+    return _write_head(ckpt, out, opts, outtype, "eagle3", check_sglang, sglang_eagle3)
 
 
 def _write_dflash(ckpt: Checkpoint, out: Path, opts: ExportOptions, outtype: str) -> dict:
     from draftsmith.heads.block.export import check_sglang_dflash, sglang_dflash
 
-    check_sglang_dflash(ckpt.config, str(ckpt.path))  # the SGLang / z-lab layout is the converter's input
+    return _write_head(ckpt, out, opts, outtype, "dflash", check_sglang_dflash, sglang_dflash)
+
+
+def _write_head(
+    ckpt: Checkpoint, out: Path, opts: ExportOptions, outtype: str, name: str, check, export
+) -> dict:
+    """A head through its SGLang layout (the converter's input), then llama.cpp's converter with the target's
+    folder (--target-model-dir)."""
+    check(ckpt.config, str(ckpt.path))
     target = feature_target_dir(ckpt, opts.verifier)
-    llamacpp.converter()
+    llamacpp.converter()  # the build is there before any tensor is read
     with tempfile.TemporaryDirectory(prefix="draftsmith-gguf-") as tmp:
-        notes = head_export(sglang_dflash)(ckpt, Path(tmp), opts)
-        file = llamacpp.convert(tmp, out / f"dflash.{outtype}.gguf", outtype=outtype, target_dir=target)
+        notes = head_export(export)(ckpt, Path(tmp), opts)
+        file = llamacpp.convert(tmp, out / f"{name}.{outtype}.gguf", outtype=outtype, target_dir=target)
     return {
         **notes,
         "gguf_file": file.name,
