@@ -18,6 +18,7 @@ from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import cache_dir
+from draftsmith.serving import ServerClient
 
 LLAMACPP_VERSION = "11434.0.0"
 BUILD_HINT = "build it once with: WITH_LLAMACPP=1 bash scripts/setup.sh (about 6 minutes on 2 cores)"
@@ -215,8 +216,6 @@ def complete_ids(
     """One greedy completion of token ids by a llama-server: {"tokens": ids, "timings": {...}, "stop_type": ...}.
     Greedy = top-1 of the raw logits (top_k 1, no penalties); the prompt cache is off so every request prefills.
     `extra`: more request fields (n_probs: the top log-probs of each generated token)."""
-    import json
-
     body = {
         "prompt": list(map(int, prompt)),
         "n_predict": int(n_predict),
@@ -229,11 +228,4 @@ def complete_ids(
         "stream": False,
         **(extra or {}),
     }
-    req = urllib.request.Request(
-        url + "/completion", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except OSError as e:
-        raise DraftsmithError(f"llama-server at {url} failed a completion: {e}") from None
+    return ServerClient(url, timeout=timeout).request("/completion", body)

@@ -39,7 +39,8 @@ class ServerClient:
         self.model = model
         self.timeout = timeout
 
-    def _request(self, path: str, body: dict | None = None) -> dict:
+    def request(self, path: str, body: dict | None = None) -> dict:
+        """GET `path` (POST `body` as JSON when given) and return the JSON object answered; failures are one line."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             self.base + path, data=data, headers={"Content-Type": "application/json"} if data else {}
@@ -74,7 +75,7 @@ class ServerClient:
 
     def served_models(self) -> list[str]:
         """The model ids the server lists under /v1/models."""
-        data = self._request("/v1/models").get("data")
+        data = self.request("/v1/models").get("data")
         if not isinstance(data, list):
             raise DraftsmithError(
                 f"server {self.base} lists no models at /v1/models; is it an OpenAI-compatible server?"
@@ -116,7 +117,7 @@ class ServerClient:
         }
         if sampling.top_k:
             body["top_k"] = sampling.top_k  # an extension vLLM, SGLang and llama.cpp read
-        out = self._request("/v1/completions", body)
+        out = self.request("/v1/completions", body)
         choices = out.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise DraftsmithError(
