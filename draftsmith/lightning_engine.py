@@ -158,7 +158,7 @@ class LightningEngine:
         stream = BatchStream(
             batches, self.num_processes, self.process_index, length=args.max_steps * args.grad_accum
         )
-        hooks = RunHooks(self, out, args, eval_fn, stream, start, rng)
+        hooks = RunHooks(self, out, args, eval_fn, save_fn, stream, start, rng)
         self.wait_for_everyone()  # every process has checked the folder before the main one locks it
         lock = claim_out_dir(out, run_config, resume, overwrite) if self.is_main_process else None
         try:

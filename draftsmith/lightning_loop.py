@@ -16,7 +16,16 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import replace_dir
 from draftsmith.rundir import Position, begin_checkpoint, finish_checkpoint, read_checkpoint_state
 from draftsmith.statefile import dumps_state, load_state, loads_state, rng_state, save_state, set_rng_state
-from draftsmith.trainstep import BatchStream, MetricWindow, checked_loss, evaluate_model, log_event, to_device
+from draftsmith.trainstep import (
+    BatchStream,
+    MetricWindow,
+    checked_loss,
+    evaluate_model,
+    log_event,
+    snapshot_name,
+    to_device,
+    write_final,
+)
 
 if TYPE_CHECKING:
     from draftsmith.lightning_engine import LightningEngine
@@ -73,9 +82,10 @@ class RunHooks(pl.Callback):
     step: log (metrics.jsonl, Lightning's loggers, the progress bar), evaluate, checkpoint. Also the RNG states and
     the data position in and out of checkpoints, and the check that a resume got them back."""
 
-    def __init__(self, engine: LightningEngine, out: Path, args, eval_fn, stream: BatchStream, start: Position,
-                 rng: dict | None):  # fmt: skip
+    def __init__(self, engine: LightningEngine, out: Path, args, eval_fn, save_fn, stream: BatchStream,
+                 start: Position, rng: dict | None):  # fmt: skip
         self.engine, self.out, self.args, self.eval_fn, self.stream = engine, out, args, eval_fn, stream
+        self.save_fn = save_fn
         self.start, self.last_step, self.rng_to_restore = start, start.step, rng
         self.last_log: dict = {}
         self.last_eval: dict = {}
@@ -108,6 +118,14 @@ class RunHooks(pl.Callback):
             self._log(trainer, pl_module, step)
         if args.eval_every and step % args.eval_every == 0 and step < args.max_steps:
             self.evaluate(pl_module.model, step)
+            pl_module.model.train()
+        if (
+            step in args.snapshot_steps and step < args.max_steps
+        ):  # as the accelerate loop: the last step's is final/
+            self.evaluate(pl_module.model, step)
+            if self.engine.is_main_process:
+                write_final(pl_module.model, self.out, self.save_fn, snapshot_name(step))
+            self.engine.wait_for_everyone()
             pl_module.model.train()
         if args.save_every and step % args.save_every == 0:
             trainer.save_checkpoint(self.out / "checkpoints" / f"step-{step:07d}")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,6 +59,7 @@ from draftsmith.trainstep import (
     log_event,
     make_optimizer,
     make_scheduler,
+    snapshot_name,
     to_device,
     write_final,
 )
@@ -100,6 +101,10 @@ class TrainArgs:
     """Steps between checkpoints (0 = none besides final/)."""
     keep_checkpoints: int = 2
     """How many step checkpoints to keep (oldest removed first)."""
+    snapshot_steps: list[int] = field(default_factory=list)
+    """Steps after which the model is evaluated and written in final/'s format to snapshots/step-NNNNNNN/ (kept,
+    loadable like final/): a data-scaling curve from one run (one epoch at schedule: constant = the model after N
+    unique examples)."""
     seed: int = 0
     """Seed for torch/numpy/python RNGs (accelerate.utils.set_seed) and data order."""
     mixed_precision: Literal["no", "bf16", "fp16", "auto"] | bool = "auto"
@@ -128,6 +133,11 @@ class TrainArgs:
             raise DraftsmithError(f"train.lr must be > 0, got {self.lr}")
         if self.max_grad_norm < 0:
             raise DraftsmithError(f"train.max_grad_norm must be >= 0 (0 = off), got {self.max_grad_norm}")
+        bad = [s for s in self.snapshot_steps if not isinstance(s, int) or not 1 <= s <= self.max_steps]
+        if bad:
+            raise DraftsmithError(
+                f"train.snapshot_steps must be steps in [1, train.max_steps={self.max_steps}], got {bad}"
+            )
         if self.adam_betas is not None and len(self.adam_betas) != 2:
             raise DraftsmithError(f"train.adam_betas needs two numbers, got {self.adam_betas}")
 
@@ -138,10 +148,12 @@ class TrainArgs:
 class _Loop:
     """The state of one accelerate run and its named steps; `run` below strings them together."""
 
-    def __init__(self, accelerator, model, optimizer, scheduler, loss_fn, args, out, eval_fn, before_step):
+    def __init__(
+        self, accelerator, model, optimizer, scheduler, loss_fn, args, out, eval_fn, save_fn, before_step
+    ):
         self.acc, self.model, self.optimizer, self.scheduler = accelerator, model, optimizer, scheduler
         self.loss_fn, self.args, self.out, self.eval_fn = loss_fn, args, out, eval_fn
-        self.before_step = before_step
+        self.save_fn, self.before_step = save_fn, before_step
         self.pos = Position()
         self.window = MetricWindow()
         self.last_log: dict = {}
@@ -159,6 +171,17 @@ class _Loop:
             res = evaluate_model(self.acc.unwrap_model(self.model), self.eval_fn)
         self.log_event({"event": "eval", "step": self.pos.step, **res})
         self.last_eval = res
+
+    def snapshot(self) -> None:
+        """The model as it stands, evaluated and written to snapshots/step-N/ (final/'s format), training goes on."""
+        self.evaluate()
+        with full_params(self.acc, self.model):
+            if self.acc.is_main_process:
+                write_final(
+                    self.acc.unwrap_model(self.model), self.out, self.save_fn, snapshot_name(self.pos.step)
+                )
+            self.acc.wait_for_everyone()
+        self.model.train()
 
     def micro_step(self, batch) -> bool:
         """Forward + backward of one micro-batch (optimizer steps on the last of grad_accum); True if it stepped."""
@@ -198,6 +221,8 @@ class _Loop:
         if args.eval_every and pos.step % args.eval_every == 0 and pos.step < args.max_steps:
             self.evaluate()
             self.model.train()
+        if pos.step in args.snapshot_steps and pos.step < args.max_steps:  # the last step's is final/
+            self.snapshot()
         if args.save_every and pos.step % args.save_every == 0:
             state = {**vars(pos), "scheduler": scheduler_state(self.scheduler)}
             save_checkpoint(acc, self.out, state, args.keep_checkpoints)
@@ -291,7 +316,7 @@ def run(
     # register_for_checkpointing: accelerate would pickle it; its state travels in trainer_state.json instead.
     scheduler = make_scheduler(optimizer, args)
     model, optimizer = accelerator.prepare(model, optimizer)
-    loop = _Loop(accelerator, model, optimizer, scheduler, loss_fn, args, out, eval_fn, before_step)
+    loop = _Loop(accelerator, model, optimizer, scheduler, loss_fn, args, out, eval_fn, save_fn, before_step)
     if resume:
         loop.pos = restore_checkpoint(accelerator, out, scheduler)
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one locks it

@@ -198,11 +198,22 @@ def evaluate_model(model: torch.nn.Module, eval_fn: Callable[[torch.nn.Module], 
 
 
 def write_final(
-    model: torch.nn.Module, out: Path, save_fn: Callable[[torch.nn.Module, Path], None] | None
+    model: torch.nn.Module,
+    out: Path,
+    save_fn: Callable[[torch.nn.Module, Path], None] | None,
+    name: str = "final",
 ) -> None:
-    """final/ from `save_fn(model, dir)` (default save_pretrained), written under a tmp name then renamed."""
-    tmp = out / ".tmp-final"
+    """out/name (final/, or a snapshot's snapshots/step-N/) from `save_fn(model, dir)` (default save_pretrained),
+    written under a tmp name beside it, then renamed."""
+    dest = out / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".tmp-{dest.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     with quiet_library_logs():
         (save_fn or (lambda m, d: m.save_pretrained(d)))(model, tmp)
-    replace_dir(tmp, out / "final")
+    replace_dir(tmp, dest)
+
+
+def snapshot_name(step: int) -> str:
+    """Where train.snapshot_steps writes the model at `step`, relative to the run folder (final/'s format)."""
+    return f"snapshots/step-{step:07d}"

@@ -42,6 +42,21 @@ def test_a_cheap_draft_pays_and_follows_the_measured_acceptance():
     assert policy.choose() == 4
 
 
+def test_depths_not_drafted_yet_borrow_the_acceptance_measured_above_them():
+    """Twenty steps that drafted 2 and kept both: depths 3-4 were never drafted. Their prior is depth 2's estimate
+    (~.95), not prior_alpha (0.6): at 0.17 of a step a drafted token the policy goes to k 4 (4.49 tokens for 1.68
+    steps = 2.67 a step), where a fixed 0.6 stopped it at k 3 (3.38 / 1.51 = 2.24 against 2.20 at k 4)."""
+    policy = _policy(0.17, prior_alpha=0.6)
+    for _ in range(20):
+        policy.observe(drafted=2, accepted=2)
+    a = policy.alpha()
+    assert a[0] > 0.9 and a[2] == pytest.approx(a[1]) and a[3] == pytest.approx(a[1])
+    assert policy.choose() == 4
+    for _ in range(20):  # then depth 3 is drafted and always rejected: depth 4 borrows that instead
+        policy.observe(drafted=4, accepted=2)
+    assert policy.alpha()[2] < 0.2 and policy.alpha()[3] < 0.2 and policy.choose() == 2
+
+
 def test_costly_verify_and_middling_acceptance_pick_a_middle_k():
     """A compute-bound target (each drafted token adds 0.3 of a step to the verify) at alpha 0.7: tau(k) / cost(k)
     peaks inside 1..k_max (k = 2 here: 2.19 / 1.7 = 1.288 against 1.270 at k = 1 and 1.256 at k = 3)."""
@@ -53,13 +68,18 @@ def test_costly_verify_and_middling_acceptance_pick_a_middle_k():
 
 def test_the_drafting_cost_is_measured_on_the_request():
     """The same acceptance (the first drafted token always taken, the second never) pays at the start's 0.05 step
-    a drafted token (k = 1: 2 tokens for 1.05 steps) but not once the request measures 1.5 steps a token (a long
-    prompt makes a draft LM costlier per token than the short one timed at the start)."""
-    for seconds, want in ((0.05, 1), (1.5, 0)):
+    a drafted token (k = 1: ~1.95 tokens for 1.05 steps; k = 2 is about even with it, as the never-taken second
+    token keeps a little of its prior) but not once the request measures 1.5 steps a token (a long prompt makes a
+    draft LM costlier per token than the short one timed at the start)."""
+    for seconds, drafts in ((0.05, True), (1.5, False)):
         policy = _policy(0.05, prior_alpha=0.6)
         for _ in range(20):
             policy.observe(drafted=4, accepted=1, draft_s=4 * seconds)
-        assert abs(policy.draft_s - seconds) < 0.01 and policy.choose() == want, (seconds, policy.rates())
+        k = policy.choose()
+        assert abs(policy.draft_s - seconds) < 0.01 and (k in (1, 2) if drafts else k == 0), (
+            seconds,
+            policy.rates(),
+        )
 
 
 def _mixing() -> AdaptiveK:

@@ -13,7 +13,9 @@ from draftsmith.heads.recipe import HeadsConfig, run_heads
 from draftsmith.testing import recipe_header
 from draftsmith.trainer import make_accelerator
 
-RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("recipes").glob("heads-*.yaml"))
+RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"
+# recipes/ holds the showcase set (one data set and cache per target); recipes/data-engine/ the long data-scaling runs
+RECIPES = sorted(RECIPE_DIR.glob("heads-*.yaml")) + sorted(RECIPE_DIR.glob("data-engine/heads-*.yaml"))
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
@@ -23,7 +25,9 @@ def test_every_heads_recipe_loads(path):
 
     assert cfg.head.kind in trained_kinds()
     header = recipe_header(path)
-    assert any("train/heads.py --config recipes/" + path.name in line for line in header), header
+    name = path.relative_to(RECIPE_DIR).as_posix()
+    assert any("train/heads.py --config recipes/" + name in line for line in header), header
+    assert all(1 <= s <= cfg.train.max_steps for s in cfg.train.snapshot_steps)
 
 
 def test_unknown_recipe_key_is_an_error():
@@ -334,7 +338,9 @@ def test_one_cache_for_every_kind_built_once(tiny_dirs, generated, tmp_path):
     )  # refused before any write
 
 
-QWEN_HEADS = sorted(p for p in RECIPES if p.name.startswith("heads-qwen2.5-coder-1.5b-"))
+QWEN_HEADS = sorted(
+    p for p in RECIPES if p.parent == RECIPE_DIR and p.name.startswith("heads-qwen2.5-coder-1.5b-")
+)
 
 
 def test_the_qwen_heads_recipes_share_one_cache_and_one_budget(tiny_dirs, generated, tmp_path):
@@ -381,3 +387,33 @@ def test_the_qwen_heads_recipes_share_one_cache_and_one_budget(tiny_dirs, genera
 
 def cfg_kind(path: Path) -> str:
     return load_config(HeadsConfig, path).head.kind
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPES if p.parent.name == "data-engine"], ids=lambda p: p.name)
+def test_a_data_engine_recipe_writes_loadable_snapshots(path, tiny_dirs, generated, tmp_path):
+    """Scaled down to the tiny target: the snapshots are heads the decoder loads, each with the held-out numbers
+    of its own step (the learning curve's points), and final/ is the last point."""
+    from draftsmith.app.drafters import build_proposer
+    from draftsmith.decode.drafters import DrafterContext
+    from draftsmith.models import load_model
+
+    out = tmp_path / "run"
+    cfg = load_config(HeadsConfig, path, [
+        f"model.target={tiny_dirs['target']}", f"data.source={generated}", f"data.hidden_cache={tmp_path / 'h'}",
+        "data.cache_layers=[0,1,2]", "head.aux_layers=[0,1,2]", "head.draft_vocab_size=128", f"output_dir={out}",
+        "train.max_steps=3", "train.snapshot_steps=[1,2]", "train.batch_size=2", "data.eval_size=2",
+        "eval.depth=2", "loss.ttt_steps=2", "train.save_every=0"])  # fmt: skip
+    run_heads(cfg, make_accelerator(cfg.train), progress=False)
+    evals = {
+        e["step"]: e
+        for e in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+        if e["event"] == "eval"
+    }
+    target = load_model(tiny_dirs["target"], device="cpu")
+    for step in (1, 2):
+        snap = out / "snapshots" / f"step-{step:07d}"
+        acc = json.loads((snap / "head_accuracy.json").read_text())
+        assert acc["acceptance_per_depth"] == evals[step]["acceptance_per_depth"]
+        prop = build_proposer(f"eagle:{snap}", DrafterContext(target, None, torch.device("cpu")))
+        assert prop.hidden_state_layers
+    assert sorted(evals) == [0, 1, 2, 3] and (out / "final" / "model.safetensors").is_file()

@@ -367,3 +367,26 @@ def test_num_workers_is_not_a_train_key():
     with pytest.raises(DraftsmithError, match="num_workers"):
         load_config(TrainArgs, None, ["num_workers=2"])
     assert "num_workers" in RESUMABLE_CHANGES
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_snapshots_are_the_model_at_their_steps(engine, tmp_path):
+    # train.snapshot_steps: snapshots/step-N/ holds what a run stopped at N writes as final/ (constant schedule, so
+    # the LR does not depend on max_steps), each evaluated first; training goes on to the end unchanged
+    from safetensors.torch import load_file
+
+    common = dict(schedule="constant", save_every=0, engine=engine)
+    _, _, evals = _run(tmp_path / "long", [], max_steps=6, snapshot_steps=[2, 5, 6], **common)
+    snaps = tmp_path / "long" / "snapshots"
+    assert sorted(p.name for p in snaps.iterdir()) == ["step-0000002", "step-0000005"]  # step 6 is final/
+    events = [json.loads(line) for line in (tmp_path / "long" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "eval"] == [0, 2, 5, 6] and len(evals) == 4
+    for n in (2, 5):
+        _run(tmp_path / f"short{n}", [], max_steps=n, **common)
+        want = load_file(str(tmp_path / f"short{n}" / "final" / "model.safetensors"))
+        got = load_file(str(snaps / f"step-{n:07d}" / "model.safetensors"))
+        assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    with pytest.raises(
+        DraftsmithError, match=r"train.snapshot_steps must be steps in \[1, train.max_steps=6\]"
+    ):
+        TrainArgs(max_steps=6, snapshot_steps=[0, 7])
