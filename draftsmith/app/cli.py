@@ -10,6 +10,7 @@
     draftsmith push CKPT REPO_ID [--private] [--dry-run DIR]
     draftsmith layerskip --target T --out DIR  # measured skip set: a layerskip:DIR drafter
     draftsmith vocab --target T --data DIR --out DIR   # reduced draft vocabulary: draft:D,vocab=DIR
+    draftsmith curve RUN [--bench B.json --reference NAME] --out DIR   # data-scaling curve of a run's snapshots
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ COMMANDS = {
     "vocab": (
         "draftsmith.app.vocab",
         "a reduced output vocabulary from training data, for draft:<model>,vocab=DIR (no weights loaded)",
+    ),
+    "curve": (
+        "draftsmith.app.curve",
+        "a drafter's data-scaling curve from a run's snapshots, beside a reference drafter (no model loads)",
     ),
 }
 
