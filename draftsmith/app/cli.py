@@ -11,6 +11,7 @@
     draftsmith layerskip --target T --out DIR  # measured skip set: a layerskip:DIR drafter
     draftsmith vocab --target T --data DIR --out DIR   # reduced draft vocabulary: draft:D,vocab=DIR
     draftsmith curve RUN [--bench B.json --reference NAME] --out DIR   # data-scaling curve of a run's snapshots
+    draftsmith results [--check]              # RESULTS.md, docs/drafters.md, README tables from their sources
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ COMMANDS = {
     "curve": (
         "draftsmith.app.curve",
         "a drafter's data-scaling curve from a run's snapshots, beside a reference drafter (no model loads)",
+    ),
+    "results": (
+        "draftsmith.app.results",
+        "regenerate RESULTS.md, docs/drafters.md and README's tables from results/*.json and the drafter table",
     ),
 }
 
