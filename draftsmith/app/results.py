@@ -268,6 +268,7 @@ def _recipe_kinds(root: Path) -> dict[str, list[str]]:
     import yaml
 
     from draftsmith.heads.recipe import CommonHeadFields
+    from draftsmith.models import EMBEDDED_TARGETS
 
     tracked = None
     try:
@@ -277,7 +278,8 @@ def _recipe_kinds(root: Path) -> dict[str, list[str]]:
         tracked = set(out.stdout.split())
     except (OSError, subprocess.CalledProcessError):
         pass
-    kinds: dict[str, list[str]] = {}
+    embedded = list(EMBEDDED_TARGETS)
+    found: dict[str, list[tuple]] = {}
     for f in sorted((root / "recipes").rglob("*.yaml")):
         rel = f.relative_to(root).as_posix()
         if rel.startswith("recipes/accelerate/"):
@@ -286,8 +288,11 @@ def _recipe_kinds(root: Path) -> dict[str, list[str]]:
             continue
         data = yaml.safe_load(f.read_text()) or {}
         kind = (data.get("head") or {}).get("kind", CommonHeadFields.kind) if "head" in data else "draft"
-        kinds.setdefault(kind, []).append(rel)
-    return kinds
+        target = (data.get("model") or {}).get("target")
+        # the recipes that run offline on an embedded target first, the smallest target first: README names one
+        order = embedded.index(target) if target in embedded else len(embedded)
+        found.setdefault(kind, []).append((order, rel))
+    return {kind: [rel for _, rel in sorted(rows)] for kind, rows in found.items()}
 
 
 def kind_rows(root: Path) -> list[KindRow]:
