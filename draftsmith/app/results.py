@@ -206,6 +206,7 @@ def results_md(records: list[Record], note_list: list[tuple[str, str]]) -> str:
         "greedy output equalled plain decoding on every prompt. The machines are small and noisy: compare ratios",
         "within a note, not tokens/s across notes. Every number's full table, and what was tried and did not pay, is",
         "in its note; [docs/notes/README.md](docs/notes/README.md) describes the machines and the targets set.",
+        "Each command is the one that ran, at the recorded commit (a script since moved keeps its old name there).",
         "",
         "| # | target | hardware | precision | prompts | drafter | k | τ | speedup | lossless | date, commit | note |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -373,7 +374,7 @@ def drafters_md(rows: list[KindRow]) -> str:
         rec = k.record
         if rec.build is not None and rec.needs_path:
             lines[-1] += (
-                " (FOLDER: a folder of this kind, e.g. a run's `final/`)"
+                " (FOLDER: a folder of this kind: a trainer's `final/`, or `draftsmith layerskip --out`)"
                 if rec.path_is_folder
                 else " (MODEL: a folder, a Hub id, a `.gguf` or an embedded name)"
             )
