@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -25,6 +26,7 @@ from draftsmith.divergences import DivergenceKind, divergence, fkl_from_topk
 from draftsmith.engines import engine_name, params_sharded, plain_model_init, resolve_mixed_precision
 from draftsmith.errors import DraftsmithError
 from draftsmith.examples import DataSources, Example, collate, examples_from_sources, split_heldout
+from draftsmith.kinds import DrafterKind
 from draftsmith.modeling import cast_frozen, causal_lm
 from draftsmith.rundir import check_out_dir
 from draftsmith.sampling import top_margin
@@ -522,14 +524,26 @@ def run_distill(
     target=None,
     tokenizer=None,
     extra_eval: dict[str, list[Example]] | None = None,
+    kinds: Mapping[str, DrafterKind] | None = None,
 ) -> dict:
     """Set up and train a draft; returns draftsmith.trainer.run's summary plus "final_dir" and "init".
 
     `extra_eval` {name: examples} are scored at every eval beside the held-out split (the quickstart uses it for
-    target responses to dev-eval prompts: measuring on them is fine, training on them is not)."""
+    target responses to dev-eval prompts: measuring on them is fine, training on them is not). `kinds`: the drafter
+    table whose `draft` record the push_to_hub model card describes (draftsmith.app.drafters.DRAFTERS, which
+    train/distill.py passes); push_to_hub needs it."""
     from draftsmith.config import to_dict
     from draftsmith.trainer import run
 
+    if cfg.push_to_hub:  # a bad repo id or no table for the card fails now, not after hours of training
+        from draftsmith.hub import check_repo_id
+
+        check_repo_id(cfg.push_to_hub)
+        if kinds is None:
+            raise DraftsmithError(
+                "push_to_hub publishes with a model card read from the drafter table; run train/distill.py, or "
+                "drop push_to_hub and publish final/ with draftsmith push"
+            )
     run_config = to_dict(cfg)
     check_out_dir(cfg.output_dir, run_config, resume, overwrite)  # before any compute; reads only
     if cfg.data.policy in ("on_policy", "mixture") and params_sharded(accelerator):
@@ -596,5 +610,6 @@ def run_distill(
             cfg.push_to_hub,
             eval_json=str(eval_json) if has_eval else None,
             require_results=has_eval,
+            kinds=kinds,
         )
     return summary

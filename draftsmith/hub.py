@@ -19,14 +19,14 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from huggingface_hub import HfApi
 
 from draftsmith.checkpoint import EXPORT_MANIFEST, read_checkpoint
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import check_output_dir
-from draftsmith.modelcard import build_card, describe_folder, find_eval, find_run_yaml, load_eval
+from draftsmith.kinds import DrafterKind
+from draftsmith.modelcard import build_card, describe_folder, find_eval, find_run_yaml, kind_card, load_eval
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +65,18 @@ def stage(
     eval_json: str | os.PathLike | None,
     out: Path,
     require_results: bool = True,
-    kinds: Mapping[str, Any] | None = None,
+    *,
+    kinds: Mapping[str, DrafterKind],
 ) -> list[str]:
     """Write into `out` exactly what would be uploaded; return the relative paths written. `kinds`: the drafter
-    table (draftsmith.app.drafters.DRAFTERS) a native folder is checked against first (its tensors match its kind's
-    layout); None leaves that check out."""
-    if kinds is not None and not (Path(checkpoint_dir).expanduser() / EXPORT_MANIFEST).is_file():
+    table (draftsmith.app.drafters.DRAFTERS): a native folder is checked against it first (its tensors match its
+    kind's layout), and the card says what the kind is from its record."""
+    if not (Path(checkpoint_dir).expanduser() / EXPORT_MANIFEST).is_file():
         read_checkpoint(checkpoint_dir, kinds)
     info = describe_folder(checkpoint_dir)
+    kind_card(
+        kinds, info["kind"]
+    )  # a kind with nothing to say on a card is refused before anything is staged
     src: Path = info["path"]
     if str(info.get("format") or "").startswith("speculators"):
         _check_portable_verifier(src, repo_id)
@@ -112,7 +116,9 @@ def stage(
     if run_yaml and "run.yaml" not in written:
         shutil.copy2(run_yaml, out / "run.yaml")
         written.append("run.yaml")
-    card = build_card(info, repo_id, eval_data, run_yaml.read_text() if run_yaml else None, eval_png)
+    card = build_card(
+        info, repo_id, eval_data, run_yaml.read_text() if run_yaml else None, eval_png, kinds=kinds
+    )
     (out / "README.md").write_text(card)
     written.append("README.md")
     return written
@@ -164,12 +170,13 @@ def push_to_hub(
     token: str | None = None,
     require_results: bool = True,
     commit_message: str | None = None,
-    kinds: Mapping[str, Any] | None = None,
+    *,
+    kinds: Mapping[str, DrafterKind],
 ) -> str:
     """Publish a checkpoint (or export) folder with a generated model card; returns the commit URL, or the
-    dry-run folder. `token=None` lets huggingface_hub find it (HF_TOKEN, login cache). `kinds`: the drafter table a
-    native folder's tensors are checked against before anything is staged (`draftsmith push` passes
-    draftsmith.app.drafters.DRAFTERS)."""
+    dry-run folder. `token=None` lets huggingface_hub find it (HF_TOKEN, login cache). `kinds`: the drafter table
+    (draftsmith.app.drafters.DRAFTERS) a native folder's tensors are checked against before anything is staged and
+    whose record of the folder's kind the card describes."""
     check_repo_id(repo_id)
     if dry_run_dir is not None:
         dest = Path(dry_run_dir).expanduser()
@@ -180,7 +187,7 @@ def push_to_hub(
     try:
         staged = tmp / "repo"
         staged.mkdir()
-        files = stage(checkpoint_dir, repo_id, eval_json, staged, require_results, kinds)
+        files = stage(checkpoint_dir, repo_id, eval_json, staged, require_results, kinds=kinds)
         from huggingface_hub import get_token
 
         _scan_for_token(staged, token or get_token())

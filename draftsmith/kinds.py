@@ -9,8 +9,13 @@ kinds, `draft:` and `ngram:`, in the app layer) and explicit tables list them: `
 (what training, save and load look up) and `draftsmith.app.drafters.DRAFTERS` (the head kinds plus the decoder's:
 what the CLI looks up). Nothing registers itself on import.
 
-This module is core: the records' callables are typed loosely so that core imports nothing above it; each field's
-docstring gives the call signature.
+This module is core and imports nothing above it, so the types the records' callables take from the method packages
+(a heads recipe's config, a HeadTrainer, a DrafterContext, a Proposer) are `Any` in the signatures below and named in
+each field's docstring; everything core knows (checkpoints, configs, modules, paths) is typed.
+
+A kind's record also holds what other modules once kept in tables of their own: the model card's tag and text (Card),
+whether `head.init: target` applies (Training.from_target) and how the cost benchmarks time it (CostModel). A kind
+added to the tables is on the card, in the cost model and in the docs without another edit.
 """
 
 from __future__ import annotations
@@ -20,9 +25,35 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftsmith.errors import DraftsmithError
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+    from transformers import PretrainedConfig
+
+    from draftsmith.checkpoint import Checkpoint
+
+# The call signatures of the records' slots. `Any` stands for a type of a layer above core (named in the comment).
+Options = dict[str, Any]
+"""A spec's parsed `key=value` options (parse_options)."""
+FolderConfig = dict[str, Any]
+"""A drafter folder's config.json."""
+BuildProposer = Callable[[str | None, Options, Any], Any]
+"""(path or None, options, draftsmith.decode.drafters.DrafterContext) -> draftsmith.decode.proposer.Proposer."""
+BuildCostProposer = Callable[["nn.Module", "CostSettings", Options], Any]
+"""(target, CostSettings, options) -> Proposer with random weights at the published size."""
+WriteExport = Callable[["Checkpoint", Path, "ExportOptions"], dict[str, Any]]
+"""(Checkpoint, out, ExportOptions) -> manifest notes."""
+BuildHead = Callable[[Any, "nn.Module", list[dict[str, Any]]], "nn.Module"]
+"""(draftsmith.heads.recipe.HeadsConfig, target, train examples) -> a new module."""
+StepLoss = Callable[[Any, dict[str, "Tensor"]], tuple["Tensor", dict[str, float]]]
+"""(draftsmith.heads.training.HeadTrainer, batch) -> (scalar loss, metrics)."""
+EvaluateHead = Callable[[Any, list[dict[str, "Tensor"]], Any, Any], dict[str, Any]]
+"""(HeadTrainer, held-out batches, draftsmith.heads.hidden.HiddenStates, the recipe's eval section) -> metrics."""
+InitFromTarget = Callable[["nn.Module", "nn.Module"], list[str]]
+"""(module, target) -> the target parameter names not copied; copies the target's weights into the module."""
 
 
 @dataclass(frozen=True)
@@ -110,9 +141,9 @@ class ExportFormat:
     """One engine format a kind's folders export to."""
 
     name: str
-    write: Callable[..., dict]
+    write: WriteExport
     """(Checkpoint, out: Path, ExportOptions) -> manifest notes; writes the format's files into the empty `out`."""
-    check: Callable[[dict, str], None] | None = None
+    check: Callable[[FolderConfig, str], None] | None = None
     """(config.json dict, where) -> None or one DraftsmithError line: what the format requires of a folder's config
     (aux-layer ids, vocabulary layout...). The exporter calls it, and so does the heads recipe at start-up on the
     config the run will save, so a run that trains to the end can still be exported (or says at start it cannot)."""
@@ -122,6 +153,8 @@ class ExportFormat:
     """Which engine versions serve it, and how (written into draftsmith_export.json)."""
     names_verifier: bool = False
     """The folder names the target for the engine to load (speculators formats): `--verifier` applies."""
+    library: str = "draftsmith"
+    """The Hub `library_name` of a folder in this format: the library that loads it (a model card's front matter)."""
 
 
 @dataclass(frozen=True)
@@ -137,23 +170,58 @@ class CostSettings:
 
 
 @dataclass(frozen=True)
+class CostModel:
+    """How the cost benchmarks (draftsmith.app.costbench, costbatch) time a kind at a real model size."""
+
+    build: BuildCostProposer | None = None
+    """(target, CostSettings, options dict) -> Proposer with random weights at the published size."""
+    timed_as: str | None = None
+    """Another kind whose drafter times this one, and under whose name its profiles are keyed (`eagle` -> `eagle3`:
+    an EAGLE-1 head is one layer as well); set instead of `build`."""
+
+    def __post_init__(self) -> None:
+        if (self.build is None) == (self.timed_as is None):
+            raise ValueError("a CostModel has a builder or a kind it is timed as, not both and not neither")
+
+
+@dataclass(frozen=True)
+class Card:
+    """What a model card (draftsmith.modelcard) says of a kind's folders."""
+
+    tag: str
+    """The Hub tag naming the method, beside speculative-decoding and draftsmith."""
+    text: str
+    """What a drafter of the kind is: the card's opening line ('an EAGLE-3 head: one decoder layer over ...')."""
+    paper: str
+    """The method it follows, as cited: 'EAGLE-3 (Li et al., 2025)' (the card and the generated docs name it)."""
+    causal_lm: bool = False
+    """The folder is a causal LM transformers loads as it is: the card's library is transformers and its usage is
+    assisted generation (`assistant_model=`) and vLLM's draft_model."""
+
+
+@dataclass(frozen=True)
 class Training:
     """How the heads recipe (draftsmith.heads.recipe, `head.kind: NAME`) trains a kind."""
 
-    build: Callable[..., Any]
-    """(HeadsConfig, target, train examples) -> a new module (random or initialised from the target)."""
-    loss: Callable[..., tuple]
+    build: BuildHead
+    """(HeadsConfig, target, train examples) -> a new module with random draft layers (the recipe's build_head then
+    applies `from_target` for head.init: target)."""
+    loss: StepLoss
     """(HeadTrainer, batch) -> (loss, metrics): one training step's loss."""
-    evaluate: Callable[..., dict]
-    """(HeadTrainer, held-out batches, HiddenStates, HeadsConfig) -> held-out metrics (acceptance, simulated tau)."""
-    features: Callable[[Any], tuple[str, list[int]]]
+    evaluate: EvaluateHead
+    """(HeadTrainer, held-out batches, HiddenStates, the recipe's eval section) -> held-out metrics (acceptance,
+    simulated tau)."""
+    features: Callable[[nn.Module], tuple[str, list[int]]]
     """module -> (hidden-state cache kind, HF hidden_states indices it reads besides the final state)."""
-    plan: Callable[[Any, Any], dict] | None = None
+    plan: Callable[[Any, PretrainedConfig], FolderConfig] | None = None
     """(HeadsConfig, the target's HF config) -> the config.json fields the export formats check, before any weight
     loads (None: nothing to check)."""
-    setup: Callable[..., Any] | None = None
+    setup: Callable[[Any, nn.Module, nn.Module], Any] | None = None
     """(HeadsConfig, target, module) -> draftsmith.heads.training.TrainSetup for kinds that also train the target
     (Medusa-2's LoRA); None = frozen target."""
+    from_target: InitFromTarget | None = None
+    """`head.init: target`: (the built module, target) -> the names not copied, after copying the target's own layers
+    into the draft layers (draftsmith.heads.targetinit); None: head.init: target does not apply to the kind."""
     head_fields: type | None = None
     """A dataclass of this kind's `head:` recipe fields (merged into the recipe's head section)."""
     loss_fields: type | None = None
@@ -175,7 +243,9 @@ class DrafterKind:
     """The subpackage that implements it (draftsmith.heads.<family>), or "decode" for the decoder's own kinds."""
     title: str
     """What it is, for messages: 'an EAGLE-3 head'."""
-    build: Callable[..., Any] | None = None
+    card: Card | None = None
+    """What a model card says of the kind (every shipped kind has one)."""
+    build: BuildProposer | None = None
     """(path or None, options dict, DrafterContext) -> Proposer, for the spec `name:PATH[,key=value...]`; None: the
     kind is trained but decodes as another kind (Training.saves_as)."""
     options: tuple[Option, ...] = ()
@@ -183,29 +253,29 @@ class DrafterKind:
     """The spec starts with a folder / Hub id (`ngram:` has none)."""
     path_is_folder: bool = True
     """The path must be a local folder of one of `accepts` (False: a Hub id or a .gguf will do too: `draft:`)."""
-    check_options: Callable[[dict], None] | None = None
+    check_options: Callable[[Options], None] | None = None
     """options dict -> None or one DraftsmithError line: constraints between options (ngram: min <= max)."""
     accepts: tuple[str, ...] = ()
     """Folder kinds its spec decodes (empty: its own name); `eagle:` reads EAGLE-1 and EAGLE-3 folders."""
-    max_depth: Callable[[dict], tuple[int, str]] | None = None
+    max_depth: Callable[[FolderConfig], tuple[int, str]] | None = None
     """config.json dict -> (the most draft tokens one step can propose, why: '4 heads'); None: no limit."""
     training: Training | None = None
-    load: Callable[[dict], Any] | None = None
+    load: Callable[[FolderConfig], nn.Module] | None = None
     """config.json dict -> the module with random weights (the caller loads the safetensors)."""
-    check_folder: Callable[[Any], None] | None = None
+    check_folder: Callable[[Checkpoint], None] | None = None
     """(Checkpoint) -> None or one DraftsmithError line: the folder's tensors and fields match its config."""
     exports: tuple[ExportFormat, ...] = ()
-    cost: Callable[..., Any] | None = None
-    """(target, CostSettings, options dict) -> Proposer with random weights at the published size."""
-    refuses: Callable[[Any], str | None] | None = None
+    cost: CostModel | None = None
+    """How the cost benchmarks time it (None: they do not)."""
+    refuses: Callable[[PretrainedConfig], str | None] | None = None
     """(the target's HF config) -> None, or one line naming the architecture and why this kind cannot draft for it:
     checked from the config alone, before any weight loads (decoding, training, `draftsmith check`)."""
-    example: Callable[..., str] | None = None
+    example: Callable[[Path, nn.Module], str] | None = None
     """(folder, target) -> the spec of a small random drafter saved under `folder` for `target` (untrained but not
     the identity): the GPU check's case and the CPU losslessness oracles' case."""
     notes: dict[str, str] = field(default_factory=dict)
 
-    def check_target(self, config) -> None:
+    def check_target(self, config: PretrainedConfig) -> None:
         """One DraftsmithError line if this kind cannot draft for a target of `config` (refuses)."""
         why = self.refuses(config) if self.refuses is not None else None
         if why:

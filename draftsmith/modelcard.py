@@ -2,6 +2,10 @@
 `draftsmith eval` (eval.json), the recipe, and how to load the drafter with draftsmith,
 transformers, vLLM or SGLang.
 
+What the card says of the drafter (its opening line, its method tag, the library that loads it, how to serve it)
+comes from its kind's record (draftsmith.kinds: Card, the export formats): the caller passes the drafter table
+(draftsmith.app.drafters.DRAFTERS), so a kind added there has its card without an edit here.
+
 Every number in the model-index is copied unrounded from eval.json, so the card can be checked against the run.
 τ is the mean accepted length per target step *including the bonus token* (EAGLE's convention), and the speedup
 is wall-clock against plain decoding of the same target measured in the same run.
@@ -12,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,26 +25,10 @@ import yaml
 from draftsmith.checkpoint import EXPORT_MANIFEST, read_json, target_hub_id
 from draftsmith.errors import DraftsmithError
 from draftsmith.evalsettings import CONDITION_KEYS, METRIC_KEYS
+from draftsmith.kinds import Card, DrafterKind, ExportFormat, spec_for
 
 log = logging.getLogger(__name__)
 
-KIND_TAGS = {"draft": "distillspec", "medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3",
-             "earlyexit": "self-speculative", "layerskip": "self-speculative"}  # fmt: skip
-KIND_TEXT = {
-    "draft": "a distilled draft model (DistillSpec-style knowledge distillation)",
-    "medusa": "Medusa heads",
-    "eagle": "an EAGLE head",
-    "eagle3": "an EAGLE-3 head",
-    "earlyexit": "a trained early exit (the target's first layers + a small adapter, Kangaroo-style)",
-    "layerskip": "a layer-skip set (the target drafts with some of its own layers skipped; no weights)",
-}
-LIBRARY = {
-    "draft": "transformers",
-    "hf": "transformers",
-    "speculators": "vllm",
-    "vllm-medusa": "vllm",
-    "sglang-eagle3": "sglang",
-}
 REQUIRED_EVAL = ("tau", "alpha_per_position", "speedup", "tokens_per_s", "conditions")
 # eval.json conditions a card's table leaves out: a path on the measuring machine, a convention the card states
 CARD_OMITS = ("drafter", "tau_convention")
@@ -206,12 +195,26 @@ def _eval_results(ev: dict, prompts: str) -> list:
     ]
 
 
+def kind_card(kinds: Mapping[str, DrafterKind], kind: str) -> tuple[DrafterKind, Card]:
+    """The record and card of a folder's kind, or one DraftsmithError line (a kind the table does not know, or a
+    record without a card, has nothing true to say on a card)."""
+    rec = kinds.get(kind)
+    if rec is None or rec.card is None:
+        known = ", ".join(sorted(n for n, r in kinds.items() if r.card is not None))
+        raise DraftsmithError(
+            f"no model card for drafter kind {kind!r} (known: {known}); publish a draftsmith checkpoint or export folder"
+        )
+    return rec, rec.card
+
+
 def _num(value, unit: str = "") -> str:
     # eval.json writes null where nothing was measured (a draft depth never reached, no plain tokens)
     return "n/a" if value is None else f"{value:.3f}{unit}"
 
 
-def _usage(kind: str, fmt: str | None, repo_id: str, target_id: str, k: int) -> str:
+def _usage(rec: DrafterKind, spec: str, fmt: str | None, repo_id: str, target_id: str, k: int) -> str:
+    """How to serve it: the export format's engine command, or for a native folder its kind's way (a causal LM's
+    transformers / vLLM lines, or the export formats of its record)."""
     if fmt == "sglang-eagle3":
         return (
             f"```bash\npython -m sglang.launch_server --model {target_id} --speculative-algorithm EAGLE3 \\\n"
@@ -233,7 +236,7 @@ def _usage(kind: str, fmt: str | None, repo_id: str, target_id: str, k: int) -> 
             f'\'{{"method": "medusa", "model": "{repo_id}", "num_speculative_tokens": {k}}}\'\n```\n'
             "Needs vLLM 0.9.0-0.32.x (0.33.0 removed Medusa); vLLM proposes top-1 chains only.\n"
         )
-    if kind == "draft":
+    if rec.card.causal_lm:
         return (
             "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
             f'target = AutoModelForCausalLM.from_pretrained("{target_id}")\n'
@@ -245,24 +248,33 @@ def _usage(kind: str, fmt: str | None, repo_id: str, target_id: str, k: int) -> 
             f"```bash\nvllm serve {target_id} --speculative-config "
             f'\'{{"method": "draft_model", "model": "{repo_id}", "num_speculative_tokens": {k}}}\'\n```\n'
         )
-    if kind in ("earlyexit", "layerskip"):
-        return (f"Self-speculative: the target drafts with its own layers. draftsmith decodes it "
-                f"(`--drafter {kind}:./{repo_id.split('/')[-1]}`); no serving engine reads this format yet.\n")  # fmt: skip
-    to = {"medusa": "vllm-medusa", "eagle3": "speculators   # or sglang-eagle3"}.get(kind)
-    return f"This is draftsmith's native {kind} format. Serving engines need an export:\n\n" + (
-        f"```bash\ndraftsmith export ./{repo_id.split('/')[-1]} --format {to} --out exported\n```\n"
-        if to
-        else "EAGLE-1 heads have no engine export in draftsmith yet.\n"
+    name = repo_id.split("/")[-1]
+    formats = rec.format_names()
+    if not formats:
+        return (f"This is draftsmith's native {rec.name} format: draftsmith decodes it "
+                f"(`--drafter {spec}:./{name}`); no serving engine reads this format yet.\n")  # fmt: skip
+    others = f"   # or {', '.join(formats[1:])}" if len(formats) > 1 else ""
+    return (
+        f"This is draftsmith's native {rec.name} format. Serving engines need an export:\n\n"
+        f"```bash\ndraftsmith export ./{name} --format {formats[0]} --out exported{others}\n```\n"
     )
 
 
 def build_card(
-    info: dict, repo_id: str, eval_data: dict | None, run_yaml: str | None = None, eval_png: str | None = None
+    info: dict,
+    repo_id: str,
+    eval_data: dict | None,
+    run_yaml: str | None = None,
+    eval_png: str | None = None,
+    *,
+    kinds: Mapping[str, DrafterKind],
 ) -> str:
-    """README.md text: YAML front matter (incl. model-index from eval.json) + body."""
+    """README.md text: YAML front matter (incl. model-index from eval.json) + body. `kinds`: the drafter table
+    (draftsmith.app.drafters.DRAFTERS) whose record of the folder's kind says what it is (module docstring)."""
     from huggingface_hub import ModelCard
 
     kind, fmt, target = info["kind"], info.get("format"), dict(info.get("target") or {})
+    rec, card = kind_card(kinds, kind)
     target["hub_id"] = target_hub_id(target)
     target_id = target["hub_id"] or target.get("name_or_path") or target.get("name") or "TARGET"
     name = repo_id.split("/")[-1]
@@ -270,12 +282,14 @@ def build_card(
     cond = (eval_data or {}).get("conditions", {})
     body = [
         f"# {name}\n",
-        f"{KIND_TEXT.get(kind, kind).capitalize()} for speculative decoding with "
-        f"[{target_id}](https://huggingface.co/{target_id}), trained with draftsmith."
+        f"{card.text[0].upper()}{card.text[1:]}. A drafter for speculative decoding with "
+        f"[{target_id}](https://huggingface.co/{target_id}), trained with draftsmith; the method: {card.paper}."
         + (f" Exported as `{fmt}`." if fmt else "")
         + "\n",
         *_results_section(eval_data, eval_png),
-        *_usage_section(info, repo_id, target_id, name, int(cond.get("k") or 4)),
+        *_usage_section(
+            info, rec, spec_for(kinds, kind) or kind, repo_id, target_id, int(cond.get("k") or 4)
+        ),
     ]
     if run_yaml:
         body += [
@@ -289,7 +303,7 @@ def build_card(
         if lic
         else "Not stated: the target's license could not be determined offline; it governs use of this drafter.",
     ]
-    data = _card_data(kind, fmt, target, lic, name, eval_data)
+    data = _card_data(card, rec.format(fmt) if fmt else None, fmt, target, lic, name, eval_data)
     content = f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body) + "\n"
     ModelCard(
         content, ignore_metadata_errors=False
@@ -297,20 +311,33 @@ def build_card(
     return content
 
 
-def _card_data(kind: str, fmt: str | None, target: dict, lic: str | None, name: str, eval_data: dict | None):
-    """The front matter: library, license, tags, and the model-index from eval.json."""
+def _card_data(
+    card: Card,
+    export: ExportFormat | None,
+    fmt: str | None,
+    target: dict,
+    lic: str | None,
+    name: str,
+    eval_data: dict | None,
+):
+    """The front matter: library (the export format's, or transformers for a native causal LM), license, tags,
+    and the model-index from eval.json."""
     from huggingface_hub import ModelCardData
 
     prompts = str((eval_data or {}).get("conditions", {}).get("prompts") or "unknown")
+    if fmt is not None:
+        library = export.library if export is not None else "draftsmith"
+    else:
+        library = "transformers" if card.causal_lm else "draftsmith"
     return ModelCardData(
         base_model=target.get("hub_id") or None,
-        library_name=LIBRARY.get(fmt or kind, "draftsmith"),
+        library_name=library,
         license=lic,
-        tags=["speculative-decoding", "draftsmith", KIND_TAGS.get(kind, kind)] + ([fmt] if fmt else []),
+        tags=["speculative-decoding", "draftsmith", card.tag] + ([fmt] if fmt else []),
         datasets=None,
         model_name=name if eval_data else None,
         eval_results=_eval_results(eval_data, prompts) if eval_data else None,
-        pipeline_tag="text-generation" if kind == "draft" else None,
+        pipeline_tag="text-generation" if card.causal_lm else None,
     )
 
 
@@ -347,12 +374,15 @@ def _results_section(eval_data: dict | None, eval_png: str | None) -> list[str]:
     return [*lines, ""]
 
 
-def _usage_section(info: dict, repo_id: str, target_id: str, name: str, k: int) -> list[str]:
-    """How to load it (draftsmith, transformers, vLLM, SGLang) and how to measure it again."""
-    kind, fmt = info["kind"], info.get("format")
-    lines = ["## How to use\n", _usage(kind, fmt, repo_id, target_id, k)]
+def _usage_section(
+    info: dict, rec: DrafterKind, spec: str, repo_id: str, target_id: str, k: int
+) -> list[str]:
+    """How to load it (draftsmith, transformers, vLLM, SGLang) and how to measure it again. `spec`: the drafter
+    spec kind that decodes the folder."""
+    fmt, name = info.get("format"), repo_id.split("/")[-1]
+    lines = ["## How to use\n", _usage(rec, spec, fmt, repo_id, target_id, k)]
     if (
-        kind == "draft"
+        rec.card.causal_lm
         and fmt is None
         and info.get("path")
         and (Path(info["path"]) / "draft_vocab.safetensors").is_file()
@@ -365,7 +395,7 @@ def _usage_section(info: dict, repo_id: str, target_id: str, name: str, k: int) 
     if fmt in (None, "hf"):  # draftsmith eval reads native checkpoints and hf drafts, not engine exports
         lines.append(
             f"Measure it yourself:\n\n```bash\ndraftsmith eval --target {target_id} --drafter "
-            f"{'draft' if kind == 'draft' else kind}:./{name} --prompts builtin:dev-eval --out eval\n```\n"
+            f"{spec}:./{name} --prompts builtin:dev-eval --out eval\n```\n"
         )
     return lines
 

@@ -35,7 +35,7 @@ from draftsmith.heads.hidden import (
 )
 from draftsmith.heads.io import ACCURACY_FILE, save_head
 from draftsmith.heads.kinds import HEAD_KINDS, head_kind, trained_kinds
-from draftsmith.heads.targetinit import check_init
+from draftsmith.heads.targetinit import apply_init, check_init
 from draftsmith.heads.training import HeadTrainer, TrainSetup, evaluate_heads
 from draftsmith.kinds import DrafterKind
 from draftsmith.rundir import check_out_dir
@@ -84,7 +84,7 @@ class HeadSection(*_mixins("head_fields"), CommonHeadFields):
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS or HEAD_KINDS[self.kind].training is None:
             raise DraftsmithError(f"head.kind: {self.kind!r} is not one of {trained_kinds()}")
-        check_init(self.init, HEAD_KINDS[self.kind].training.saves_as or self.kind)
+        check_init(self.init, HEAD_KINDS[self.kind])
 
 
 @dataclass
@@ -169,8 +169,10 @@ class HeadsConfig(*_mixins("sections"), RecipeSections):
 
 
 def build_head(cfg: HeadsConfig, target, train_examples: list[dict]) -> torch.nn.Module:
-    """A new head of kind cfg.head.kind for `target` (its record's Training.build)."""
-    return head_kind(cfg.head.kind).training.build(cfg, target, train_examples)
+    """A new head of kind cfg.head.kind for `target`: its record's Training.build, then Training.from_target where
+    head.init is target."""
+    rec = head_kind(cfg.head.kind)
+    return apply_init(cfg.head.init, rec.training.build(cfg, target, train_examples), target, rec)
 
 
 def check_exportable(cfg: HeadsConfig, say=print) -> None:

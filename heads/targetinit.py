@@ -17,6 +17,9 @@ rows W_lm[vocab_ids]; the early exit reads them from the target). `head.init: ta
 
 EAGLE-1's fc (2H -> H over [embed; feature]) keeps its random init; Medusa heads always start from the target's
 lm_head (their blocks at the identity), so `head.init` does not apply to them.
+
+Each kind's record names its copy (draftsmith.kinds.Training.from_target: eagle3_from_target, ...); a kind whose
+record names none refuses `head.init: target`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.kinds import DrafterKind
 from draftsmith.modeling import base_decoder
 
 log = logging.getLogger(__name__)
@@ -73,7 +77,9 @@ def _final_norm(dst: nn.Module, target) -> None:
         dst.weight.copy_(base_decoder(target).norm.weight)
 
 
-def _eagle3(head, target) -> list[str]:
+def eagle3_from_target(head: nn.Module, target: nn.Module) -> list[str]:
+    """EAGLE-3 and P-EAGLE: the target's last layer into the midlayer (q/k/v into the hidden half), its final norm,
+    fc onto the deepest aux state."""
     skipped = copy_target_layer(
         head.midlayer,
         base_decoder(target).layers[-1],
@@ -84,11 +90,13 @@ def _eagle3(head, target) -> list[str]:
     return skipped
 
 
-def _eagle1(head, target) -> list[str]:
+def eagle1_from_target(head: nn.Module, target: nn.Module) -> list[str]:
+    """EAGLE-1: the target's last layer into the head's layer (fc stays random)."""
     return copy_target_layer(head.layers[0], base_decoder(target).layers[-1])
 
 
-def _dflash(drafter, target) -> list[str]:
+def dflash_from_target(drafter: nn.Module, target: nn.Module) -> list[str]:
+    """DFlash: the target's last n layers in order, hidden_norm, final norm, fc onto the deepest aux state."""
     layers = base_decoder(target).layers
     src = layers[
         max(0, len(layers) - len(drafter.layers)) :
@@ -103,35 +111,28 @@ def _dflash(drafter, target) -> list[str]:
     return skipped
 
 
-def _earlyexit(adapter, target) -> list[str]:
+def earlyexit_from_target(adapter: nn.Module, target: nn.Module) -> list[str]:
+    """The early exit: the target's last layer into the adapter."""
     return copy_target_layer(adapter, base_decoder(target).layers[-1])
 
 
-FROM_TARGET = {
-    "eagle3": _eagle3,
-    "peagle": _eagle3,
-    "eagle": _eagle1,
-    "dflash": _dflash,
-    "earlyexit": _earlyexit,
-}
-"""head_type -> the copy of `head.init: target` (module docstring)."""
-
-
-def check_init(init: str, kind: str) -> None:
-    """head.init at config validation: one of INITS, and `target` only for the kinds FROM_TARGET lists."""
+def check_init(init: str, rec: DrafterKind) -> None:
+    """head.init at config validation: one of INITS, and `target` only for a kind whose record names its copy."""
     if init not in INITS:
         raise DraftsmithError(f"head.init={init!r} is not one of {', '.join(INITS)}")
-    if init == "target" and kind not in FROM_TARGET:
+    if init == "target" and (rec.training is None or rec.training.from_target is None):
         raise DraftsmithError(
-            f"head.init=target does not apply to {kind} (its heads start from the target's lm_head already); "
+            f"head.init=target does not apply to {rec.name} (its heads start from the target's lm_head already); "
             "remove head.init or set it to random"
         )
 
 
-def apply_init(init: str, head: nn.Module, target) -> nn.Module:
-    """`head.init: target`: start `head` from the target's weights (FROM_TARGET[head.head_type]); random: as it is."""
+def apply_init(init: str, head: nn.Module, target: nn.Module, rec: DrafterKind) -> nn.Module:
+    """`head.init: target`: start `head` from the target's weights (the record's Training.from_target); random: as
+    it is."""
     if init == "target":
-        skipped = FROM_TARGET[head.head_type](head, target)
+        check_init(init, rec)
+        skipped = rec.training.from_target(head, target)
         n = target.config.num_hidden_layers
         log.info(
             "head.init=target: %s starts from the target's layer %d%s",

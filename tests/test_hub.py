@@ -7,6 +7,7 @@ import pytest
 from test_modelcard import EVAL
 
 from draftsmith import hub
+from draftsmith.app.drafters import DRAFTERS
 from draftsmith.errors import DraftsmithError
 from draftsmith.modelcard import parse_card
 
@@ -57,7 +58,9 @@ def fake_api(monkeypatch):
 
 def test_dry_run_folder_is_what_would_be_uploaded(run_dir, tmp_path, fake_api):
     dest = tmp_path / "staged"
-    where = hub.push_to_hub(run_dir / "final", "me/tiny-medusa", dry_run_dir=dest, token=TOKEN)
+    where = hub.push_to_hub(
+        run_dir / "final", "me/tiny-medusa", dry_run_dir=dest, token=TOKEN, kinds=DRAFTERS
+    )
     assert where == str(dest) and fake_api.calls == []  # nothing uploaded
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     assert files == [
@@ -85,6 +88,7 @@ def test_upload_goes_through_hfapi_and_never_writes_the_token(
         private=True,
         eval_json=run_dir / "eval" / "eval.json",
         token=TOKEN,
+        kinds=DRAFTERS,
     )
     assert url.endswith("/commit/abc")
     init, create, upload = fake_api.calls
@@ -102,26 +106,24 @@ def test_upload_goes_through_hfapi_and_never_writes_the_token(
 @pytest.mark.parametrize("repo_id", ["no-namespace", "me/bad name", "me/x/y", "me/--bad--", ""])
 def test_malformed_repo_id_is_refused_before_anything(run_dir, fake_api, repo_id):
     with pytest.raises(DraftsmithError, match="invalid repo id"):
-        hub.push_to_hub(run_dir / "final", repo_id)
+        hub.push_to_hub(run_dir / "final", repo_id, kinds=DRAFTERS)
     assert fake_api.calls == []
 
 
 def test_refusals_upload_nothing(run_dir, tmp_path, fake_api):
     (run_dir / "eval" / "eval.json").unlink()
     with pytest.raises(DraftsmithError, match="no eval.json given or found"):
-        hub.push_to_hub(run_dir / "final", "me/x")
+        hub.push_to_hub(run_dir / "final", "me/x", kinds=DRAFTERS)
     with pytest.raises(DraftsmithError, match="not found"):
-        hub.push_to_hub(tmp_path / "missing", "me/x", require_results=False)
+        hub.push_to_hub(tmp_path / "missing", "me/x", require_results=False, kinds=DRAFTERS)
     with pytest.raises(DraftsmithError, match="eval JSON .* not found"):
-        hub.push_to_hub(run_dir / "final", "me/x", eval_json=tmp_path / "nope.json")
+        hub.push_to_hub(run_dir / "final", "me/x", eval_json=tmp_path / "nope.json", kinds=DRAFTERS)
     (run_dir / "final" / "notes.txt").write_text(f"token={TOKEN}\n")
     with pytest.raises(DraftsmithError, match="notes.txt contains your Hub token"):
-        hub.push_to_hub(run_dir / "final", "me/x", require_results=False, token=TOKEN)
+        hub.push_to_hub(run_dir / "final", "me/x", require_results=False, token=TOKEN, kinds=DRAFTERS)
     (run_dir / "final" / "notes.txt").unlink()
     cfg = json.loads((run_dir / "final" / "config.json").read_text())
     (run_dir / "final" / "config.json").write_text(json.dumps({**cfg, "num_heads": 3}))  # tensors for 2 heads
-    from draftsmith.app.drafters import DRAFTERS
-
     with pytest.raises(DraftsmithError, match="missing"):
         hub.push_to_hub(run_dir / "final", "me/x", require_results=False, kinds=DRAFTERS)
     assert fake_api.calls == []

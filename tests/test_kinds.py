@@ -1,9 +1,10 @@
 """One record per drafter kind (draftsmith.kinds): every kind decodes losslessly on both tiny architectures from its
-record's example, a made-up kind registered in one place trains, saves, loads and decodes, and spec options are
-checked alike for every kind before anything loads."""
+record's example, a made-up kind registered in one place trains, saves, loads, decodes, gets its model card and is
+timed by the cost model, and spec options are checked alike for every kind before anything loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -13,12 +14,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from draftsmith.app.drafters import DRAFTERS, build_proposer, parse_spec
+from draftsmith.config import load_config
 from draftsmith.decode.decoder import SpeculativeDecoder
 from draftsmith.decode.drafters import DrafterContext
 from draftsmith.decode.proposer import Proposal
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.kinds import HEAD_KINDS
-from draftsmith.kinds import DrafterKind, Option, Training, parse_options
+from draftsmith.kinds import Card, CostModel, DrafterKind, Option, Training, parse_options
 from draftsmith.testing import (
     ARCHS,
     assert_batch_greedy_lossless,
@@ -128,10 +130,20 @@ def _skip_eval(tr, batches, hidden, eval_cfg) -> dict:
     return {"acceptance_per_depth": [hits / max(total, 1)]}
 
 
+def _skip_cost(target, settings, opts) -> SkipProposer:
+    head = SkipHead(target.config.hidden_size, target.config.vocab_size).to(settings.device, target.dtype)
+    return SkipProposer(head, target.config.num_hidden_layers)
+
+
 SKIPHEAD = DrafterKind(
     name="skiphead",
     family="tests",
     title="a made-up skip head",
+    card=Card(
+        tag="skip-head",
+        text="a made-up skip head: one projection of the target's last state to the token after next",
+        paper="no paper (a test's kind)",
+    ),
     build=lambda path, opts, ctx: SkipProposer(
         load_skip(path, ctx.target), ctx.target.config.num_hidden_layers
     ),
@@ -139,6 +151,7 @@ SKIPHEAD = DrafterKind(
         build=_skip_build, loss=_skip_loss, evaluate=_skip_eval, features=lambda h: ("medusa", [])
     ),
     load=lambda cfg: SkipHead(cfg["hidden_size"], cfg["vocab_size"], cfg.get("target")),
+    cost=CostModel(_skip_cost),
     example=None,
 )
 
@@ -150,7 +163,6 @@ def load_skip(path, target):
 
 
 def test_a_made_up_kind_trains_saves_loads_and_decodes(monkeypatch, tiny_dirs, tmp_path):
-    from draftsmith.config import load_config
     from draftsmith.heads.recipe import HeadsConfig, run_heads
     from draftsmith.models import load_model
     from draftsmith.selfdistill import generate_dataset
@@ -183,6 +195,65 @@ def test_a_made_up_kind_trains_saves_loads_and_decodes(monkeypatch, tiny_dirs, t
     assert_greedy_lossless(SpeculativeDecoder(target, eos_ids=set()), proposer, oracle_prompts(384), k=2)
     with pytest.raises(DraftsmithError, match="holds a made-up skip head .* use --drafter skiphead:"):
         parse_spec(f"eagle:{final}")
+    # head.init: target is refused in one line: the record names no copy of the target's layers
+    with pytest.raises(DraftsmithError, match="head.init=target does not apply to skiphead"):
+        load_config(HeadsConfig, None, ["head.kind=skiphead", "head.init=target"])
+
+    # the model card: its text, paper and tag from the record, served by draftsmith (no export format)
+    from draftsmith.modelcard import build_card, describe_folder, parse_card
+
+    card = build_card(describe_folder(final), "me/tiny-skip", None, kinds=DRAFTERS)
+    assert "A made-up skip head: one projection" in card and "no paper (a test's kind)" in card
+    assert "--drafter skiphead:./tiny-skip" in card and "no serving engine reads this format" in card
+    front = parse_card(card)
+    assert "skip-head" in front["tags"] and front["library_name"] == "draftsmith"
+
+    # the cost model: timed by default (every kind with a builder), at the tiny target's size
+    from draftsmith.app import costbench
+
+    args = costbench.BenchArgs(shape="tiny-target", device="cpu", dtype="float32", context=16, sizes=(1, 2),
+                               reps=1, compile="none", plain_tokens=2)  # fmt: skip
+    assert "skiphead" in args.drafters
+    res = costbench.run(dataclasses.replace(args, drafters=("skiphead",)), progress=lambda s: None)
+    assert res["drafters"]["skiphead@k=4"]["step_s"] > 0 and res["drafters"]["skiphead@k=4"]["nodes"] == 1
+
+
+# -- the per-kind facts other modules read live on the record --------------------------------------------------------
+PAPERS = {  # kind -> what its card must cite (independent of the records: the papers' own names)
+    "draft": "DistillSpec", "ngram": "prompt lookup decoding", "medusa": "Medusa-1", "medusa2": "Medusa-2",
+    "eagle": "EAGLE (Li et al., 2024)", "eagle3": "EAGLE-3 (Li et al., 2025)", "dflash": "DFlash",
+    "peagle": "P-EAGLE", "earlyexit": "LayerSkip", "layerskip": "Draft & Verify",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(DRAFTERS))
+def test_every_shipped_kind_has_its_card(kind):
+    from draftsmith.modelcard import build_card, parse_card
+
+    rec = DRAFTERS[kind]
+    assert rec.card is not None and PAPERS[kind] in rec.card.paper
+    info = {"kind": kind, "format": None, "target": {"hub_id": "someone/tiny-target"}}
+    text = build_card(info, f"me/tiny-{kind}", None, kinds=DRAFTERS)
+    assert rec.card.text[1:] in text and rec.card.paper in text
+    front = parse_card(text)
+    assert rec.card.tag in front["tags"]
+    assert front["library_name"] == ("transformers" if kind == "draft" else "draftsmith")
+    assert set(PAPERS) == set(DRAFTERS)  # a new shipped kind names its paper here too
+
+
+def test_init_from_target_and_cost_models_are_the_records():
+    from draftsmith.app import costbench
+    from draftsmith.heads.recipe import HeadsConfig
+
+    copies = {name for name, rec in HEAD_KINDS.items() if rec.training and rec.training.from_target}
+    assert copies == {"eagle", "eagle3", "peagle", "dflash", "earlyexit"}  # Medusa heads start from lm_head
+    for name in sorted(set(HEAD_KINDS) - copies - {"layerskip"}):
+        with pytest.raises(DraftsmithError, match=f"head.init=target does not apply to {name}"):
+            load_config(HeadsConfig, None, [f"head.kind={name}", "head.init=target"])
+    assert costbench.cost_kinds() == ["dflash", "draft", "eagle3", "medusa", "ngram", "peagle"]
+    assert list(costbench.BenchArgs().drafters) == costbench.cost_kinds()
+    assert costbench._cost_kind("eagle").name == "eagle3"  # EAGLE-1 is timed as EAGLE-3 (one layer each)
+    assert costbench._cost_kind("earlyexit") is None and costbench._cost_kind("nonsense") is None
 
 
 # -- one option parser and validator, the same bounds for every kind ---------------------------------------------------

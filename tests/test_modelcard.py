@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from draftsmith.app.drafters import DRAFTERS
 from draftsmith.checkpoint import target_hub_id
 from draftsmith.errors import DraftsmithError
 from draftsmith.modelcard import build_card, describe_folder, load_eval, parse_card, target_license
@@ -71,7 +72,7 @@ def _metric(card: dict, name: str):
 
 def test_card_front_matter_and_model_index_equal_eval_json(medusa_dir):
     card_text = build_card(
-        describe_folder(medusa_dir), "me/tiny-medusa", EVAL, run_yaml="optim:\n  lr: 0.001\n"
+        describe_folder(medusa_dir), "me/tiny-medusa", EVAL, run_yaml="optim:\n  lr: 0.001\n", kinds=DRAFTERS
     )
     card = parse_card(card_text)
     assert card["base_model"] == "someone/tiny-target"
@@ -105,13 +106,13 @@ def test_card_for_exports_and_drafts(medusa_dir, tmp_path):
     from draftsmith.app.export import export
 
     out = export(medusa_dir, "vllm-medusa", tmp_path / "exp")
-    text = build_card(describe_folder(out), "me/tiny-medusa-vllm", EVAL)
+    text = build_card(describe_folder(out), "me/tiny-medusa-vllm", EVAL, kinds=DRAFTERS)
     card = parse_card(text)
     assert card["library_name"] == "vllm" and "vllm-medusa" in card["tags"]
     assert '"method": "medusa"' in text and "vllm serve someone/tiny-target" in text
     assert "vLLM 0.9.0-0.32.x" in text  # 0.33.0 removed Medusa
     info = {"kind": "draft", "format": None, "target": {"hub_id": "someone/tiny-target"}}
-    text = build_card(info, "me/tiny-draft", None)
+    text = build_card(info, "me/tiny-draft", None, kinds=DRAFTERS)
     card = parse_card(text)
     assert (
         card["library_name"] == "transformers" and "model-index" not in card and "distillspec" in card["tags"]
@@ -158,5 +159,5 @@ def test_native_reduced_vocab_draft_card_points_to_the_hf_export(tmp_path):
 
     path = save_tiny(tmp_path / "draft", seed=1, num_hidden_layers=1)
     save_draft_vocab(path, torch.arange(50))
-    text = build_card(describe_folder(path), "me/d", None)
+    text = build_card(describe_folder(path), "me/d", None, kinds=DRAFTERS)
     assert "reduced output vocabulary" in text and "--format hf" in text

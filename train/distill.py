@@ -11,6 +11,9 @@ Arguments, logging (-v) and exit status: draftsmith.launch.
 
 from __future__ import annotations
 
+from functools import partial
+
+from draftsmith.app.drafters import DRAFTERS
 from draftsmith.distill.recipe import DistillConfig, run_distill
 from draftsmith.launch import exit_process, train_main
 
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.splitlines()[0],
         recipe_hint="recipes/*.yaml",
         config_cls=DistillConfig,
-        run_fn=run_distill,
+        run_fn=partial(run_distill, kinds=DRAFTERS),  # the drafter table push_to_hub's model card reads
         summary=summary,
     )
 

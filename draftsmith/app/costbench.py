@@ -1,16 +1,16 @@
 """Hardware cost model, measured: what each part of a speculative step costs on this device at real model sizes,
 and the speedup that acceptance profiles measured elsewhere would reach here.
 
-    python -m draftsmith.app.costbench --shape llama-3.1-8b --out runs/cost.json [--profiles results/profiles/*.json]
-    python -m draftsmith.app.costbench --shape tiny-target --device cpu --out runs/cost-tiny.json     # seconds, CPU
+    draftsmith bench cost --shape llama-3.1-8b --out runs/cost.json [--profiles results/profiles/*.json]
+    draftsmith bench cost --shape tiny-target --device cpu --out runs/cost-tiny.json     # seconds, CPU
 
 One run measures, on one device:
 1. the target's forward over n = 1, 2, 4, ..., 64 new tokens after a 1k-token KV cache, eager (DynamicCache, the
    decoder's default) and compiled (StaticCache + torch.compile: the decoder's `compile` path), through
    `SpeculativeDecoder._forward` (decode.speed.measure_forward_costs);
-2. the per-step cost of each drafter kind at its real size (random weights of the published shapes: a 1B-shaped
-   draft LM, Medusa heads, an EAGLE-3 head, n-gram lookup), through its Proposer: propose + advance with
-   `ACCEPT` tokens accepted, host work included;
+2. the per-step cost of each drafter kind with a cost model (its record's CostModel: random weights of the
+   published shapes, e.g. a 1B-shaped draft LM, Medusa heads, an EAGLE-3 head, a DFlash block drafter, n-gram
+   lookup), through its Proposer: propose + advance with `ACCEPT` tokens accepted, host work included;
 3. plain decoding tokens/s through `SpeculativeDecoder.generate`, eager and compiled;
 4. for each acceptance profile (a `draftsmith eval` eval.json: tau, drafter kind, k, tree options), the speedup
    tau * t_step / (t_draft_step + t_verify(1 + N)) (Leviathan et al. 2023, Thm 3.8 with measured costs,
@@ -65,7 +65,8 @@ class BenchArgs:
     compile: str = "inductor"
     """inductor (the decoder's --compile: CUDA graphs where available), a torch.compile backend name (eager,
     aot_eager: the same code path without code generation, for dry runs), or none."""
-    drafters: tuple[str, ...] = ("draft", "ngram", "medusa", "eagle3")
+    drafters: tuple[str, ...] = field(default_factory=lambda: tuple(cost_kinds()))
+    """Kinds timed even when no profile names them (default: every kind whose record has a cost model)."""
     k: int = 4
     """Draft depth for drafter timings when no profile asks for another."""
     eagle_draft_vocab: int = 32000
@@ -92,22 +93,24 @@ class Budget:
 
 
 # -- drafters at real size: each kind's record builds its own (DrafterKind.cost) ---------------------------------
-ALIASES = {"eagle": "eagle3"}  # an `eagle:` profile is timed with the EAGLE-3 head (EAGLE-1 is one layer too)
-
-
 def _cost_kind(kind: str) -> DrafterKind | None:
-    rec = DRAFTERS.get(ALIASES.get(kind, kind))
-    return rec if rec is not None and rec.cost is not None else None
+    """The record whose builder times `kind` (CostModel.timed_as followed: `eagle` -> `eagle3`), or None."""
+    rec = DRAFTERS.get(kind)
+    if rec is not None and rec.cost is not None and rec.cost.timed_as is not None:
+        rec = DRAFTERS.get(rec.cost.timed_as)
+    return rec if rec is not None and rec.cost is not None and rec.cost.build is not None else None
 
 
 def cost_kinds() -> list[str]:
-    """Kinds with a cost-model builder."""
-    return sorted(name for name, rec in DRAFTERS.items() if rec.cost is not None)
+    """Kinds with a cost-model builder of their own (a kind timed as another is timed under that one's name)."""
+    return sorted(
+        name for name, rec in DRAFTERS.items() if rec.cost is not None and rec.cost.build is not None
+    )
 
 
 def _build(kind: str, target, a: BenchArgs, opts: dict) -> Proposer:
     settings = CostSettings(shape=a.shape, device=a.device, k=a.k, draft_vocab=a.eagle_draft_vocab)
-    return _cost_kind(kind).cost(target, settings, opts)
+    return _cost_kind(kind).cost.build(target, settings, opts)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -251,12 +254,12 @@ def load_profile(path: str | Path) -> dict:
         raise DraftsmithError(
             f"profile {p}: missing {', '.join(missing)}; pass a `draftsmith eval` eval.json"
         )
-    kind = ALIASES.get(cond["drafter_kind"], cond["drafter_kind"])
-    rec = _cost_kind(kind)
+    rec = _cost_kind(cond["drafter_kind"])
     if rec is None:
         raise DraftsmithError(
-            f"profile {p}: drafter kind {kind!r} has no cost builder; known: {', '.join(cost_kinds())}"
+            f"profile {p}: drafter kind {cond['drafter_kind']!r} has no cost builder; known: {', '.join(cost_kinds())}"
         )
+    kind = rec.name
     # the spec's key=value options (a leading folder, `ngram:` has none, is skipped)
     spec_arg = str(cond.get("drafter", "")).partition(":")[2]
     allowed = {o.name for o in rec.options}
@@ -457,9 +460,8 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cli(prog: str, doc: str, defaults) -> argparse.ArgumentParser:
+def add_common_arguments(ap: argparse.ArgumentParser, defaults) -> None:
     """The options both cost benchmarks take (this one and costbatch): defaults from their settings dataclass."""
-    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="result JSON (a Markdown twin is written beside it)")
     ap.add_argument("--shape", default=defaults.shape, choices=sorted(DRAFT_FOR))
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -473,7 +475,6 @@ def cli(prog: str, doc: str, defaults) -> argparse.ArgumentParser:
     ap.add_argument(
         "--profiles", nargs="*", default=[], help="draftsmith eval.json files (acceptance profiles)"
     )
-    return ap
 
 
 def checked_cli(args: argparse.Namespace) -> tuple[Path, str, str]:
@@ -490,8 +491,9 @@ def checked_cli(args: argparse.Namespace) -> tuple[Path, str, str]:
     return out, device, args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = cli("python -m draftsmith.app.costbench", __doc__, BenchArgs)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """`draftsmith bench cost`'s options."""
+    add_common_arguments(ap, BenchArgs)
     ap.add_argument("--compile", default=BenchArgs.compile, help="inductor | eager | aot_eager | none")
     ap.add_argument("--eagle-draft-vocab", type=int, default=BenchArgs.eagle_draft_vocab)
     ap.add_argument(
@@ -500,7 +502,10 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="drafting steps per drafter under torch.profiler (0: none)",
     )
-    args = ap.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
+    """`draftsmith bench cost`: bad input is one line and exit 2 before anything is timed."""
     try:
         out, device, dtype = checked_cli(args)
         res = run(
@@ -531,7 +536,3 @@ def write_result(out: Path, res: dict, md: str) -> None:
     write_json(out, res)
     write_text(out.with_suffix(".md"), md)
     print(f"wrote {out} and {out.with_suffix('.md')}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,6 +27,8 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.heads.io import check_aux_layers
 from draftsmith.heads.kinds import HEAD_KINDS
 from draftsmith.kinds import (
+    Card,
+    CostModel,
     DrafterKind,
     ExportFormat,
     Option,
@@ -90,6 +92,12 @@ DRAFT = DrafterKind(
     name="draft",
     family="decode",
     title="a draft LM (a causal LM with the target's tokenizer)",
+    card=Card(
+        tag="distillspec",
+        text="a distilled draft model: a small causal LM trained by knowledge distillation to agree with the target",
+        paper="DistillSpec (Zhou et al., 2024) on speculative decoding (Leviathan et al., 2023)",
+        causal_lm=True,
+    ),
     build=build_draft,
     options=(
         Option(
@@ -145,14 +153,19 @@ DRAFT = DrafterKind(
     ),  # fmt: skip
     check_options=_check_draft,
     path_is_folder=False,
-    exports=(ExportFormat("hf", _export_hf),),
-    cost=_draft_cost,
+    exports=(ExportFormat("hf", _export_hf, library="transformers"),),
+    cost=CostModel(_draft_cost),
     example=_draft_example,
 )
 NGRAM = DrafterKind(
     name="ngram",
     family="decode",
     title="prompt lookup (n-gram)",
+    card=Card(
+        tag="prompt-lookup",
+        text="n-gram prompt lookup: drafts copied from earlier matches in the context, no weights",
+        paper="prompt lookup decoding (Saxena, 2023)",
+    ),
     build=build_ngram,
     options=(
         Option("max", int, "longest n-gram looked up", min=1),
@@ -160,7 +173,7 @@ NGRAM = DrafterKind(
     ),
     needs_path=False,
     check_options=_check_ngram,
-    cost=lambda target, settings, opts: build_ngram(None, opts, None),
+    cost=CostModel(lambda target, settings, opts: build_ngram(None, opts, None)),
     example=lambda root, target: "ngram:max=3",
 )
 DECODER_KINDS: dict[str, DrafterKind] = {"draft": DRAFT, "ngram": NGRAM}

@@ -272,8 +272,8 @@ SGLANG_DFLASH = ExportFormat("sglang-dflash", head_export(sglang_dflash), check=
 SPECULATORS_DFLASH = ExportFormat(
     "speculators-dflash", head_export(speculators_dflash), check=check_speculators_dflash, names_verifier=True
 )
-NATIVE_DFLASH = ExportFormat("hf", head_export(native), check=check_dflash)
+NATIVE_DFLASH = ExportFormat("hf", head_export(native), check=check_dflash, library="transformers")
 SPECULATORS_PEAGLE = ExportFormat(
     "speculators-peagle", head_export(speculators_peagle), check=check_speculators, names_verifier=True
 )
-NATIVE_PEAGLE = ExportFormat("hf", head_export(native))
+NATIVE_PEAGLE = ExportFormat("hf", head_export(native), library="transformers")

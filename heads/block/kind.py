@@ -21,7 +21,8 @@ from draftsmith.heads.block.peagle import PEagleHead, peagle_from_config_dict
 from draftsmith.heads.block.proposers import DFlashProposer, PEagleProposer, build_dflash, build_peagle
 from draftsmith.heads.eagle.training import plan_eagle3
 from draftsmith.heads.io import save_head
-from draftsmith.kinds import DrafterKind, Option, Training
+from draftsmith.heads.targetinit import dflash_from_target, eagle3_from_target
+from draftsmith.kinds import Card, CostModel, DrafterKind, Option, Training
 
 TOP_K = Option("top_k", int, "1: a chain; more: a best-first tree of each position's top_k", min=1)
 TOTAL = Option("total_tokens", int, "nodes of the tree (top_k > 1)", min=1)
@@ -114,28 +115,44 @@ DFLASH = DrafterKind(
     name="dflash",
     family="block",
     title="a DFlash-style block drafter",
+    card=Card(
+        tag="dflash",
+        text="a DFlash-style block drafter: a few layers conditioned on the target's hidden features draft a whole "
+        "block in one forward",
+        paper="DFlash (Chen et al., 2026)",
+    ),
     build=build_dflash,
     options=(TOP_K, TOTAL),
     max_depth=_max_dflash,
-    training=Training(build=training.build_dflash, plan=training.plan_dflash, **_TRAINING),
+    training=Training(
+        build=training.build_dflash, plan=training.plan_dflash, from_target=dflash_from_target, **_TRAINING
+    ),
     load=lambda config: DFlashDrafter(dflash_config_from_dict(config), config.get("target")),
     check_folder=head_folder_check(dflash_tensors),
     exports=(NATIVE_DFLASH, SGLANG_DFLASH, SPECULATORS_DFLASH),
-    cost=cost_dflash,
+    cost=CostModel(cost_dflash),
     example=example_dflash,
 )
 PEAGLE = DrafterKind(
     name="peagle",
     family="block",
     title="a P-EAGLE head",
+    card=Card(
+        tag="peagle",
+        text="a P-EAGLE head: an EAGLE-3 head that drafts every depth in one forward",
+        paper="P-EAGLE (arXiv 2602.01469, 2026) on EAGLE-3 (Li et al., 2025)",
+    ),
     build=build_peagle,
     options=(TOP_K, TOTAL, Option("depth", int, "draft depth: the same as the decoder's --k", min=1)),
     max_depth=_max_peagle,
-    training=Training(build=training.build_peagle, plan=plan_eagle3, **_TRAINING),
+    # the copy of head.init: target is EAGLE-3's: a P-EAGLE head is an EAGLE-3 head plus its placeholder state
+    training=Training(
+        build=training.build_peagle, plan=plan_eagle3, from_target=eagle3_from_target, **_TRAINING
+    ),
     load=peagle_from_config_dict,
     check_folder=head_folder_check(peagle_tensors),
     exports=(NATIVE_PEAGLE, SPECULATORS_PEAGLE),
-    cost=cost_peagle,
+    cost=CostModel(cost_peagle),
     example=example_peagle,
 )
 KINDS = (DFLASH, PEAGLE)

@@ -17,7 +17,6 @@ from draftsmith.heads.block.losses import dflash_loss, peagle_loss
 from draftsmith.heads.block.peagle import PEagleHead
 from draftsmith.heads.common import tau_estimates, weighted_means
 from draftsmith.heads.eagle.model import EagleHead
-from draftsmith.heads.targetinit import apply_init
 from draftsmith.modeling import base_decoder, output_head
 
 
@@ -91,7 +90,7 @@ def build_dflash(cfg, target, train_examples) -> DFlashDrafter:
     _check_dflash_section(h)
     vocab_ids, counts, special = training_vocab(target, train_examples, h.draft_vocab_size)
     frozen = h.draft_vocab_size == 0
-    drafter = DFlashDrafter.from_target(
+    return DFlashDrafter.from_target(
         target,
         draft_vocab_ids=torch.arange(target.config.vocab_size) if frozen else vocab_ids,
         mask_token_id=_mask_token(h, target, counts, special),
@@ -101,7 +100,6 @@ def build_dflash(cfg, target, train_examples) -> DFlashDrafter:
         intermediate_size=h.intermediate_size,
         freeze_lm_head=frozen,
     )
-    return apply_init(h.init, drafter, target)
 
 
 def build_peagle(cfg, target, train_examples) -> PEagleHead:
@@ -121,7 +119,6 @@ def build_peagle(cfg, target, train_examples) -> PEagleHead:
         norm_before_residual=h.norm_before_residual,
         intermediate_size=h.intermediate_size,
     )
-    apply_init(h.init, base, target)
     return PEagleHead.from_target_head(
         base, mask_token_id=_mask_token(h, target, counts, special), num_depths=h.num_depths
     )

@@ -311,6 +311,7 @@ SGLANG_EAGLE3 = ExportFormat(
     aux_note="eagle_config.eagle_aux_hidden_state_layer_ids are SGLang layer-output ids (draftsmith id - 1; SGLang "
     "captures the input of layer id+1); the top-level eagle_aux_hidden_state_layer_ids are vLLM layer-input ids "
     "(= draftsmith's), which vLLM reads first",
+    library="sglang",
 )
 SPECULATORS_EAGLE3 = ExportFormat(
     "speculators",
@@ -318,4 +319,5 @@ SPECULATORS_EAGLE3 = ExportFormat(
     check=check_speculators,
     aux_note="eagle_aux_hidden_state_layer_ids are vLLM layer-input ids (= draftsmith's, unchanged)",
     names_verifier=True,
+    library="vllm",
 )

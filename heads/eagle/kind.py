@@ -11,7 +11,8 @@ from draftsmith.heads.eagle.export import SGLANG_EAGLE3, SPECULATORS_EAGLE3, eag
 from draftsmith.heads.eagle.model import EagleHead, default_aux_layers, eagle_config_from_dict
 from draftsmith.heads.eagle.proposer import EagleProposer, build_eagle
 from draftsmith.heads.io import save_head
-from draftsmith.kinds import DrafterKind, Option, Training
+from draftsmith.heads.targetinit import eagle1_from_target, eagle3_from_target
+from draftsmith.kinds import Card, CostModel, DrafterKind, Option, Training
 
 OPTIONS = (
     Option("top_k", int, "children of each expanded node (1: a chain)", min=1),
@@ -75,6 +76,12 @@ EAGLE1 = DrafterKind(
     name="eagle",
     family="eagle",
     title="an EAGLE-1 head",
+    card=Card(
+        tag="eagle",
+        text="an EAGLE head: one decoder layer over the target's last hidden state and the next token's embedding, "
+        "drafting features autoregressively",
+        paper="EAGLE (Li et al., 2024)",
+    ),
     build=build_eagle,
     options=OPTIONS,
     accepts=("eagle", "eagle3"),
@@ -84,16 +91,23 @@ EAGLE1 = DrafterKind(
         evaluate=training.evaluate,
         features=training.features,
         loss_fields=training.EagleLossFields,
+        from_target=eagle1_from_target,
     ),
     load=load,
     check_folder=head_folder_check(eagle1_tensors),
-    cost=cost,
+    cost=CostModel(timed_as="eagle3"),  # one decoder layer, as EAGLE-3's: timed with an EAGLE-3 head
     example=example_eagle1,
 )
 EAGLE3 = DrafterKind(
     name="eagle3",
     family="eagle",
     title="an EAGLE-3 head",
+    card=Card(
+        tag="eagle3",
+        text="an EAGLE-3 head: one decoder layer over three of the target's layers, trained with training-time "
+        "test, drafting over a reduced vocabulary",
+        paper="EAGLE-3 (Li et al., 2025)",
+    ),
     build=build_eagle,
     options=OPTIONS,
     accepts=("eagle", "eagle3"),
@@ -105,11 +119,12 @@ EAGLE3 = DrafterKind(
         plan=training.plan_eagle3,
         head_fields=training.EagleHeadFields,
         loss_fields=training.EagleLossFields,
+        from_target=eagle3_from_target,
     ),
     load=load,
     check_folder=head_folder_check(eagle3_tensors),
     exports=(SGLANG_EAGLE3, SPECULATORS_EAGLE3),
-    cost=cost,
+    cost=CostModel(cost),
     example=example_eagle3,
 )
 KINDS = (EAGLE1, EAGLE3)

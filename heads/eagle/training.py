@@ -11,7 +11,6 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.heads.common import tau_estimates, weighted_means
 from draftsmith.heads.eagle.losses import EAGLE_LOSSES
 from draftsmith.heads.eagle.model import EagleHead, default_aux_layers
-from draftsmith.heads.targetinit import apply_init
 
 
 @dataclass
@@ -39,8 +38,7 @@ def aux_layers(h, num_layers: int) -> list[int]:
 
 
 def build_eagle1(cfg, target, train_examples) -> EagleHead:
-    head = EagleHead.from_target(target, "eagle", intermediate_size=cfg.head.intermediate_size)
-    return apply_init(cfg.head.init, head, target)
+    return EagleHead.from_target(target, "eagle", intermediate_size=cfg.head.intermediate_size)
 
 
 def build_eagle3(cfg, target, train_examples) -> EagleHead:
@@ -48,7 +46,7 @@ def build_eagle3(cfg, target, train_examples) -> EagleHead:
 
     h = cfg.head
     vocab_ids, _, _ = training_vocab(target, train_examples, h.draft_vocab_size)
-    head = EagleHead.from_target(
+    return EagleHead.from_target(
         target,
         "eagle3",
         draft_vocab_ids=vocab_ids,
@@ -56,7 +54,6 @@ def build_eagle3(cfg, target, train_examples) -> EagleHead:
         norm_before_residual=h.norm_before_residual,
         intermediate_size=h.intermediate_size,
     )
-    return apply_init(h.init, head, target)
 
 
 def plan_eagle3(cfg, target_config) -> dict:

@@ -89,4 +89,5 @@ VLLM_MEDUSA = ExportFormat(
     # checked in the released wheels: vllm/v1/spec_decode/medusa.py first ships in 0.9.0 and is gone from 0.33.0
     serve_note='for vLLM 0.9.0 to 0.32.x: speculative_config={"method": "medusa", "model": DIR, '
     '"num_speculative_tokens": N} (top-1 chain per head); vLLM 0.33.0 and later have no Medusa at all',
+    library="vllm",
 )

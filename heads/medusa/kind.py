@@ -13,7 +13,7 @@ from draftsmith.heads.medusa.export import VLLM_MEDUSA, medusa_tensors
 from draftsmith.heads.medusa.model import MedusaConfig, MedusaHeads
 from draftsmith.heads.medusa.proposer import MedusaProposer, build_medusa
 from draftsmith.heads.medusa.trees import medusa_tree
-from draftsmith.kinds import DrafterKind, Option, Training
+from draftsmith.kinds import Card, CostModel, DrafterKind, Option, Training
 
 OPTIONS = (
     Option("total_tokens", int, "nodes of the static tree built from the measured rank accuracies", min=1),
@@ -70,6 +70,12 @@ MEDUSA = DrafterKind(
     name="medusa",
     family="medusa",
     title="Medusa heads",
+    card=Card(
+        tag="medusa",
+        text="Medusa heads: extra decoding heads on the target's last hidden state, each predicting one token "
+        "further ahead, trained on the frozen target",
+        paper="Medusa-1 (Cai et al., 2024)",
+    ),
     build=build_medusa,
     options=OPTIONS,
     max_depth=max_depth,
@@ -77,13 +83,18 @@ MEDUSA = DrafterKind(
     load=load,
     check_folder=head_folder_check(medusa_tensors),
     exports=(VLLM_MEDUSA,),
-    cost=cost,
+    cost=CostModel(cost),
     example=example,
 )
 MEDUSA2 = DrafterKind(
     name="medusa2",
     family="medusa",
     title="Medusa-2 heads (trained with a LoRA-tuned target)",
+    card=Card(
+        tag="medusa",
+        text="Medusa-2 heads: the heads trained together with a LoRA adapter of the target",
+        paper="Medusa-2 (Cai et al., 2024)",
+    ),
     training=Training(
         **_TRAINING, setup=training.medusa2_setup, sections=training.Medusa2Sections, saves_as="medusa"
     ),

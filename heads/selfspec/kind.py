@@ -12,7 +12,8 @@ from draftsmith.heads.selfspec import training
 from draftsmith.heads.selfspec.earlyexit import EarlyExitAdapter, EarlyExitConfig
 from draftsmith.heads.selfspec.folders import build_earlyexit, build_layerskip, check_layerskip_folder
 from draftsmith.heads.selfspec.targetlayers import full_attention_only
-from draftsmith.kinds import DrafterKind, Option, Training
+from draftsmith.heads.targetinit import earlyexit_from_target
+from draftsmith.kinds import Card, DrafterKind, Option, Training
 
 OPTIONS = (
     Option("top_k", int, "1: a chain; more: an EAGLE-2-style dynamic tree", min=1),
@@ -62,6 +63,11 @@ EARLYEXIT = DrafterKind(
     name="earlyexit",
     family="selfspec",
     title="a trained early-exit adapter",
+    card=Card(
+        tag="self-speculative",
+        text="a trained early exit: the target's first layers and a small adapter draft for the whole target",
+        paper="self-speculative early exit: Kangaroo (Liu et al., 2024); LayerSkip (Elhoushi et al., 2024)",
+    ),
     build=build_earlyexit,
     options=OPTIONS,
     training=Training(
@@ -70,6 +76,7 @@ EARLYEXIT = DrafterKind(
         evaluate=training.evaluate,
         features=training.features,
         head_fields=training.EarlyExitHeadFields,
+        from_target=earlyexit_from_target,
     ),
     load=lambda config: EarlyExitAdapter(
         config_from_dict(EarlyExitConfig, config, "earlyexit config"), config.get("target")
@@ -82,6 +89,11 @@ LAYERSKIP = DrafterKind(
     name="layerskip",
     family="selfspec",
     title="a layer-skip drafter (the target minus a skip set)",
+    card=Card(
+        tag="self-speculative",
+        text="a layer-skip set: the target drafts with a measured set of its own layers skipped, no weights",
+        paper="self-speculative layer skipping: Draft & Verify (Zhang et al., 2024)",
+    ),
     build=build_layerskip,
     options=OPTIONS,
     check_folder=check_layerskip_folder,

@@ -10,7 +10,6 @@ import torch
 from draftsmith.acceptance import tau_from_conditional
 from draftsmith.heads.common import training_vocab, weighted_means
 from draftsmith.heads.selfspec.earlyexit import EarlyExitAdapter, earlyexit_loss
-from draftsmith.heads.targetinit import apply_init
 from draftsmith.modeling import output_head
 
 
@@ -25,8 +24,7 @@ def build(cfg, target, train_examples) -> EarlyExitAdapter:
     """The adapter on the target's own head rows over the same reduced vocabulary as EAGLE-3's."""
     h = cfg.head
     vocab_ids, _, _ = training_vocab(target, train_examples, h.draft_vocab_size)
-    adapter = EarlyExitAdapter.from_target(target, h.exit_layer, vocab_ids, h.intermediate_size)
-    return apply_init(h.init, adapter, target)
+    return EarlyExitAdapter.from_target(target, h.exit_layer, vocab_ids, h.intermediate_size)
 
 
 def features(adapter) -> tuple[str, list[int]]:
