@@ -120,7 +120,7 @@ def test_eagle3_for_a_target_llama_cpp_cannot_feed_is_refused(tmp_path):
 
 
 def test_bad_gguf_type_and_engine_drafter_refused_before_work(tiny, tmp_path):
-    from draftsmith.app.enginebench import bench
+    from draftsmith.app.bench.engine import bench
 
     with pytest.raises(DraftsmithError, match="--gguf-type 'q4' is not one of"):
         export(tiny["head"], "gguf", tmp_path / "o", gguf_type="q4")
@@ -183,7 +183,7 @@ def test_eagle3_gguf_export_files(tiny, tmp_path):
 @needs_build
 @pytest.mark.parametrize("kind", ["eagle3", "dflash", "draft"])
 def test_speculative_in_engine_is_lossless_and_tau_matches_decoder(tiny, target_gguf, kind, monkeypatch):
-    from draftsmith.app.enginebench import bench
+    from draftsmith.app.bench.engine import bench
 
     monkeypatch.setenv(
         "DRAFTSMITH_CPU_LAYOUT", "off"
@@ -209,7 +209,7 @@ def test_speculative_in_engine_is_lossless_and_tau_matches_decoder(tiny, target_
 def test_engine_numbers_from_server_timings():
     """tau, accept rate, per-drafted-token cost and the two-fold prediction from llama-server timings (hand-made:
     plain steps of 10 ms; speculative steps drafting 3 tokens at 25 ms = 10 ms + 3 x 5 ms)."""
-    from draftsmith.app.enginebench import summarize
+    from draftsmith.app.bench.engine import summarize
 
     def row(steps, accepted, ms_per_step, drafted=3):
         return {"predicted_n": 1 + steps + accepted, "predicted_ms": steps * ms_per_step,
@@ -240,3 +240,23 @@ def test_engine_numbers_from_server_timings():
     assert summarize(slow, plain, k=3)["lossless"] == {
         "identical": 2, "near_tie": 1, "differ": 1, "passed": False, "of": 4
     }  # fmt: skip
+
+
+@needs_build
+def test_checks_draft_lm_row_agrees_with_the_pinned_converter():
+    """`draftsmith check`'s llama.cpp draft-LM row is a hand list of model types (it must answer without a build);
+    the pinned build's converter is the source it copies: every listed type's causal-LM class is registered there,
+    and every tiny test architecture the converter registers is listed (neither side drifts silently)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from draftsmith.app.check import ENGINE_TARGETS
+    from draftsmith.testing import TINY_ARCHS
+
+    (row,) = [e for e in ENGINE_TARGETS if e.engine == "llama.cpp" and e.method.startswith("draft LM")]
+    registered = llamacpp.converter_architectures()
+    missing = [t for t in row.model_types if MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t] not in registered]
+    assert not missing, f"listed for llama.cpp but its converter does not register them: {missing}"
+    unlisted = [t for t, a in TINY_ARCHS.items() if a.model in registered and t not in row.model_types]
+    assert not unlisted, (
+        f"the converter registers these tiny architectures but check does not list them: {unlisted}"
+    )
