@@ -7,8 +7,8 @@
   and a list of every note in docs/notes/ by its title;
 - README.md: between its `<!-- generated: NAME -->` and `<!-- end generated -->` lines, the drafter-kind table
   and the results-at-a-glance table (the best speedup per target, hardware and prompt set);
-- docs/drafters.md: every drafter kind's spec, options with their bounds, recipes, export formats and engines, read
-  from the drafter table (draftsmith.app.drafters.DRAFTERS), the recipes and the engine rows of `draftsmith check`.
+- docs/drafters.md: every drafter kind's paper, spec, options with their bounds, recipes, export formats and engines,
+  read from the drafter table (draftsmith.app.drafters.DRAFTERS), the recipes and the engine rows of `draftsmith check`.
 
 Every record and note is checked before anything is written: a bad record is one `error:` line naming its file and
 field. A new result is a JSON record (RECORD_FIELDS) plus its note under docs/notes/, then this command.
@@ -48,27 +48,6 @@ RECORD_FIELDS = {
     "note": (str, "the note that holds the full measurement: docs/notes/<date>-<question>.md"),
 }
 OPTIONAL_FIELDS = {"engine": (str, "where it decoded, when not draftsmith's decoder (e.g. llama.cpp)")}
-
-PAPERS = {
-    "draft": "DistillSpec (Zhou et al., 2024) on speculative decoding (Leviathan et al., 2023)",
-    "ngram": "prompt lookup decoding (Saxena, 2023)",
-    "medusa": "Medusa-1 (Cai et al., 2024)",
-    "medusa2": "Medusa-2 (Cai et al., 2024)",
-    "eagle": "EAGLE (Li et al., 2024)",
-    "eagle3": "EAGLE-3 (Li et al., 2025)",
-    "dflash": "DFlash (Chen et al., 2026)",
-    "peagle": "P-EAGLE (arXiv 2602.01469, 2026) on EAGLE-3 (Li et al., 2025)",
-    "layerskip": "self-speculative layer skipping: Draft & Verify (Zhang et al., 2024)",
-    "earlyexit": "self-speculative early exit: Kangaroo (Liu et al., 2024); LayerSkip (Elhoushi et al., 2024)",
-}
-"""The paper behind each kind, for records that carry no model-card citation of their own (a record's
-`card.paper`, where it has one, is what the pages cite); kind_rows refuses a kind with neither."""
-
-
-def paper(name: str, record) -> str | None:
-    """The citation of a kind: its record's model-card paper, else PAPERS."""
-    return getattr(getattr(record, "card", None), "paper", None) or PAPERS.get(name)
-
 
 BEGIN, END = "<!-- generated: {} -->", "<!-- end generated -->"
 
@@ -302,10 +281,10 @@ def kind_rows(root: Path) -> list[KindRow]:
     from draftsmith.app.drafters import DRAFTERS
     from draftsmith.app.exporters import gguf
 
-    missing = sorted(name for name, rec in DRAFTERS.items() if not paper(name, rec))
+    missing = sorted(name for name, rec in DRAFTERS.items() if rec.card is None)
     if missing:
         raise DraftsmithError(
-            f"no paper for drafter kind(s) {', '.join(missing)}; cite it in the kind's record or results.PAPERS"
+            f"drafter kind(s) {', '.join(missing)} cite no paper; give the record a Card (draftsmith.kinds.Card)"
         )
     recipes = _recipe_kinds(root)
     rows = []
@@ -328,7 +307,7 @@ def kind_rows(root: Path) -> list[KindRow]:
             KindRow(
                 name,
                 rec.title,
-                paper(name, rec),
+                rec.card.paper,
                 spec,
                 recipes.get(name, []),
                 formats,
