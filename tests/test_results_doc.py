@@ -88,9 +88,12 @@ def test_every_kind_is_on_the_pages():
 
 
 def test_a_kind_without_a_paper_is_refused(monkeypatch):
-    monkeypatch.delitem(results.PAPERS, "medusa")
-    monkeypatch.setattr(results, "paper", lambda name, rec: None if name == "medusa" else "a paper")
-    with pytest.raises(DraftsmithError, match="no paper for drafter kind.*medusa"):
+    from dataclasses import replace
+
+    from draftsmith.heads.kinds import HEAD_KINDS
+
+    monkeypatch.setitem(HEAD_KINDS, "medusa", replace(HEAD_KINDS["medusa"], card=None))
+    with pytest.raises(DraftsmithError, match="medusa cite no paper"):
         results.kind_rows(ROOT)
 
 
