@@ -218,6 +218,19 @@ def test_a_made_up_kind_trains_saves_loads_and_decodes(monkeypatch, tiny_dirs, t
     assert res["drafters"]["skiphead@k=4"]["step_s"] > 0 and res["drafters"]["skiphead@k=4"]["nodes"] == 1
 
 
+def test_a_made_up_kind_is_in_the_generated_docs(monkeypatch):
+    """The docs generator (draftsmith results) lists the made-up kind from its record alone: its title, the paper
+    its card cites, its spec and the engines that serve it."""
+    from draftsmith.app import results
+
+    monkeypatch.setitem(HEAD_KINDS, "skiphead", SKIPHEAD)  # the one place a new kind is listed
+    rows = {r.name: r for r in results.kind_rows(results.ROOT)}
+    row = rows["skiphead"]
+    assert (row.title, row.paper, row.engines) == (SKIPHEAD.title, SKIPHEAD.card.paper, ["draftsmith"])
+    assert row.spec.startswith("`skiphead:FOLDER")
+    assert "## skiphead" in results.drafters_md(list(rows.values()))
+
+
 # -- the per-kind facts other modules read live on the record --------------------------------------------------------
 PAPERS = {  # kind -> what its card must cite (independent of the records: the papers' own names)
     "draft": "DistillSpec", "ngram": "prompt lookup decoding", "medusa": "Medusa-1", "medusa2": "Medusa-2",
