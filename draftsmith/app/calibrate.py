@@ -5,7 +5,8 @@ when generation overran its prediction. Nothing is written outside a temp folder
 Each measurement runs the operation the phase runs, at its shapes, on random token ids (costs do not depend on
 the ids): a batched `model.generate` (prefill and steps timed by a streamer), target scoring as
 `cache_target_topk` does it, one training step of the quickstart's draft (cut from the target as the
-distillation will), batch-1 target forwards the way the decoder runs them, and one checkpoint-sized save.
+distillation will), one training step of its EAGLE-3 head (the target's forward included) and a head forward at a
+tree depth's rows, batch-1 target forwards the way the decoder runs them, and one checkpoint-sized save.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from draftsmith.app.plan import (
     QuickstartSizes,
     expected_max,
     plan_quickstart,
+    without_distill,
 )
 from draftsmith.errors import DraftsmithError
 
@@ -165,6 +167,68 @@ def _draft_costs(model, sizes: QuickstartSizes, width: int, bf16: bool) -> tuple
     return train_tok_s, _median(steps[1:]), save_s
 
 
+def _head_costs(model, sizes: QuickstartSizes, width: int, bf16: bool) -> tuple[float, float]:
+    """(training tokens/s, batch-1 tree-depth forward seconds) of the quickstart's EAGLE-3 head on `model` (the target
+    as the head trainer loads it): a training step as draftsmith.heads.recipe runs it (the target's forward for the
+    features, the head unrolled loss.ttt_steps times, backward, fused AdamW), then one head forward over top_k rows."""
+    from draftsmith.app.quickstart import head_config
+    from draftsmith.heads.data import collate
+    from draftsmith.heads.hidden import HiddenStates
+    from draftsmith.heads.recipe import build_head
+    from draftsmith.heads.training import HeadTrainer
+
+    dev = next(model.parameters()).device
+    vocab = model.config.get_text_config().vocab_size
+    cfg = head_config(Path("."), "measured", sizes)
+    gen = torch.Generator().manual_seed(4)
+
+    def examples(b: int, w: int) -> list[dict]:
+        ids = torch.randint(0, vocab, (b, w), generator=gen).tolist()
+        return [
+            {"index": i, "input_ids": x, "loss_mask": [1] * w, "response_mask": [1] * w}
+            for i, x in enumerate(ids)
+        ]
+
+    head = build_head(cfg, model, examples(4, 64)).to(dev)
+    aux = list(head.config.aux_hidden_state_layer_ids)
+    trainer = HeadTrainer(head, model, HiddenStates("online", model, aux), cfg.loss, kind="eagle3")
+    try:
+        opt = torch.optim.AdamW(head.parameters(), lr=1e-12, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        opt = torch.optim.AdamW(head.parameters(), lr=1e-12)
+    times = []
+    for b, w in (
+        (2, 64),
+        (sizes.head_batch_size, width),
+    ):  # the first step warms up (and allocates AdamW state)
+        batch = {k: v.to(dev) for k, v in collate(examples(b, w)).items()}
+        t0 = time.perf_counter()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):  # as accelerate wraps the forward
+            loss, _ = trainer(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    train_tok_s = sizes.head_batch_size * width / times[-1]
+
+    head.eval()
+    hidden_size = head.config.hidden_size
+    dtype = next(model.parameters()).dtype
+    head.to(dtype)
+    steps = []
+    with torch.inference_mode():
+        rows = sizes.head_top_k
+        x = torch.randn(1, rows, hidden_size, generator=gen).to(dev, dtype)
+        pos = torch.arange(64, 64 + rows, device=dev)[None]
+        for _ in range(6):
+            t0 = time.perf_counter()
+            out, _ = head.step(x, x, pos, None, from_target=False)
+            head.logits(out).topk(rows, dim=-1)
+            steps.append(time.perf_counter() - t0)
+    return train_tok_s, _median(steps[1:])
+
+
 def measure_costs(
     model,
     tokenizer,
@@ -172,19 +236,27 @@ def measure_costs(
     train_width: float,
     bf16_training: bool,
     text_load_s: float = 0.0,
+    head_model=None,
+    head_width: float = 0.0,
 ) -> MachineCosts:
     """Measure every rate the planner needs on the loaded target (~5-30 s on a 2-core CPU).
     train_width: the expected padded width of a training batch (plan.expected_max over the data);
-    text_load_s: seconds per text pair to load (measured by `data_shape`)."""
+    text_load_s: seconds per text pair to load (measured by `data_shape`); head_model: the target as the head
+    trainer loads it (the decoding one has its Linears re-laid out for few-row products), None = no head;
+    head_width: the mean length of the head's sequences (its batches are length-grouped)."""
     from draftsmith.decode.speed import measure_forward_costs
     from draftsmith.models import eos_token_ids
 
-    forward_s = measure_forward_costs(model, sizes=(1, 2, 3, 5, 9), context=128, reps=3)  # also warms up
+    forward_s = measure_forward_costs(model, sizes=(1, 2, 3, 5, 9, 11), context=128, reps=3)  # also warms up
     eos = (eos_token_ids(model, tokenizer) or [0])[0]
     prefill_tok_s, gen_step_s = _generation_costs(model, eos)
     score_tok_s = score_rate(model)
     width = max(16, min(int(round(train_width)), MAX_LENGTH))
     train_tok_s, draft_step_s, save_s = _draft_costs(model, sizes, width, bf16_training)
+    head_tok_s, head_step_s = 0.0, 0.0
+    if head_model is not None:
+        w = max(16, min(int(round(head_width)), MAX_LENGTH))
+        head_tok_s, head_step_s = _head_costs(head_model, sizes, w, bf16_training)
     return MachineCosts(
         gen_prefill_tok_s=prefill_tok_s,
         gen_step_s=gen_step_s,
@@ -194,23 +266,22 @@ def measure_costs(
         forward_s=forward_s,
         text_load_s=text_load_s,
         save_s=save_s,
+        head_train_tok_s=head_tok_s,
+        head_step_s=head_step_s,
     )
 
 
 def data_shape(tokenizer, full: QuickstartSizes, vicuna: list, humaneval: list) -> tuple[DataShape, float]:
-    """Token lengths of the first `full.train_prompts` builtin:train prompts and `full.text_examples`
-    builtin:train-text pairs, and of the dev-eval prompts given; plus the seconds per text pair it took to load
-    and tokenize them (the distillation's setup does the same again)."""
+    """Token lengths of the first `full.train_prompts` builtin:train prompts and of as many builtin:train-text pairs
+    as either drafter uses, and of the dev-eval prompts given; plus the seconds per text pair it took to load and
+    tokenize them (each trainer's setup does the same again)."""
     from draftsmith.examples import examples_from_sources
     from draftsmith.prompts import load_prompts, prompt_ids
 
     train = [len(prompt_ids(tokenizer, p)) for p in load_prompts("builtin:train", limit=full.train_prompts)]
     t0 = time.perf_counter()
-    text = (
-        examples_from_sources(["builtin:train-text"], tokenizer, [full.text_examples])[0]
-        if full.text_examples
-        else []
-    )
+    n_text = max(full.text_examples, full.head_text_examples)
+    text = examples_from_sources(["builtin:train-text"], tokenizer, [n_text])[0] if n_text else []
     text_load_s = (time.perf_counter() - t0) / max(len(text), 1)
     shape = DataShape(
         train_prompt_lens=train,
@@ -229,6 +300,15 @@ def train_width(shape: DataShape, sizes: QuickstartSizes) -> float:
     return expected_max(gen + [min(n, MAX_LENGTH) for n in shape.text_lens], sizes.batch_size)
 
 
+def head_width(shape: DataShape, sizes: QuickstartSizes) -> float:
+    """Mean length of the head's sequences (generated answers assumed full length, then its text pairs)."""
+    gen = [
+        min(n + sizes.max_new_tokens, MAX_LENGTH) for n in shape.train_prompt_lens if n <= MAX_PROMPT_TOKENS
+    ]
+    seqs = gen + [min(n, MAX_LENGTH) for n in shape.text_lens[: sizes.head_text_examples]]
+    return sum(seqs) / max(len(seqs), 1)
+
+
 def replan(
     plan: Plan, costs, shape, generate_s: float, budget_s: float, elapsed: float, evals: bool, model
 ) -> Plan:
@@ -239,7 +319,7 @@ def replan(
         return plan
     slow = max(1.0, costs.score_tok_s / score_rate(model))
     kept = replace(
-        FULL,
+        FULL if plan.sizes.steps else without_distill(FULL),  # a drafter not planned is not added now
         dev_prompts=plan.sizes.dev_prompts,
         eval_prompts=plan.sizes.eval_prompts,
         eval_max_new_tokens=plan.sizes.eval_max_new_tokens,
@@ -255,7 +335,8 @@ def replan(
         return plan
     print(
         f"      re-plan: generation took {generate_s / 60:.1f} min, predicted {plan.phases['generate'] / 60:.1f}; "
-        f"target scoring now runs {slow:.2f}x slower than at the start: {new.sizes.text_examples} text "
-        f"pairs, {new.sizes.steps} steps; {new.lines()[1]}"
+        f"target scoring now runs {slow:.2f}x slower than at the start:"
     )
+    for line in new.lines():
+        print(f"      {line}")
     return new
