@@ -1,5 +1,5 @@
 """`measure()`: named drafters against plain decoding of the same target, in the same run (`draftsmith eval` builds
-the target and one drafter from their specs in draftsmith.app.evaluate, scripts/bench_drafters.py several).
+the target and one drafter from their specs in draftsmith.app.evaluate, `draftsmith bench drafters` several).
 
 For each prompt, plain decoding and every drafter run back to back, in an order rotated per prompt (so slow drift
 of a shared machine hits every method equally); one warm-up of the first prompt per method runs first and is
@@ -238,7 +238,7 @@ def _per_category(prompts: list[Prompt], spec_res: list, plain_res: list, k: int
 
 def tie_tolerance(dtype: torch.dtype, logits: torch.Tensor) -> float:
     """Largest margin between two tokens' logits that rounding alone explains: 8 units in the last place of the
-    largest logit. Measured on SmolLM2-135M in bf16 (scripts/bench_dtype.py): a logit differs by up to 3.0-3.4 ulp
+    largest logit. Measured on SmolLM2-135M in bf16 (`draftsmith bench dtype`): a logit differs by up to 3.0-3.4 ulp
     (~0.6 at logits of 34) between one-token steps and a multi-token forward, so a margin moves by up to ~7 ulp.
     In fp32 the same rule gives ~3e-5: effectively exact."""
     return 8.0 * torch.finfo(dtype).eps * float(logits.abs().max())

@@ -19,7 +19,7 @@ TAU_CONVENTION = "tau = tokens per target verify forward, bonus/correction token
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """How drafters are measured against plain decoding (`draftsmith eval`, bench_drafters, the quickstart)."""
+    """How drafters are measured against plain decoding (`draftsmith eval`, `draftsmith bench drafters`, quickstart)."""
 
     k: int = 4
     """Draft tokens per step (the depth of a tree drafter's tree); with adaptive_k the most a step may take."""

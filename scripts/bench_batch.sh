@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Speculative decoding by batch size on this machine, both embedded targets, one benchmark process per target
-# (scripts/bench_drafters.py --batch-size): n-gram, the distilled draft LM, EAGLE-3 and the best drafter against plain
+# (`draftsmith bench drafters --batch-size`): n-gram, the distilled draft LM, EAGLE-3 and the best drafter against plain
 # batched decoding at B = 1, 2, 4, 8, 16 (tau, tokens/s, speedup, verify cost, best k, break-even batch size).
 #   bash scripts/bench_batch.sh OUT SMOL_DRAFT SMOL_EAGLE3 QWEN_DRAFT QWEN_EAGLE3 [SMOL_BEST] [QWEN_BEST]
 # SMOL_* / QWEN_* are drafter folders trained for smollm2-135m / qwen2.5-coder-1.5b (a draft may also be an embedded
@@ -35,7 +35,7 @@ run() {  # TARGET NAME DRAFT EAGLE3 BEST
   if [ -n "$4" ]; then drafters+=(--drafter "eagle3=eagle3:$4,top_k=1@$K_EAGLE"); fi
   if [ -n "$best" ]; then drafters+=(--drafter "$best"); fi
   mkdir -p "$OUT/$name"
-  nice -n "${NICE:-0}" "$PY" scripts/bench_drafters.py --target "$target" --prompts "$PROMPTS" --limit "$LIMIT" \
+  nice -n "${NICE:-0}" "$PY" -m draftsmith.app.cli bench drafters --target "$target" --prompts "$PROMPTS" --limit "$LIMIT" \
     --max-new-tokens "$NEW" --batch-size "$BATCH" "${SWEEP_FLAG[@]}" "${drafters[@]}" --out "$OUT/$name" \
     2>&1 | tee "$OUT/$name/log.txt"
 }

@@ -6,7 +6,7 @@
 # Builds a side venv ($SPEC_VENV, default /tmp/specvenv) with the CPU torch wheel and speculators installed without
 # its dependencies (its declared ones pull torchvision/torchaudio, i.e. a CUDA torch), plus the pure-Python packages
 # it imports; exports tiny drafters with the project venv; loads them in the side venv and compares weights, config
-# fields and the DFlash forward (scripts/check_engine_loaders.py), for a tiny Llama and a tiny Qwen2 target. Last run
+# fields and the DFlash forward (`draftsmith bench engine-loaders`), for a tiny Llama and a tiny Qwen2 target. Last run
 # (Llama target only, before the Qwen2 half was added): speculators 0.9.0, transformers 5.19.0,
 # torch 2.13.0+cpu -> "ALL LOADED AND MATCHED". vLLM and SGLang need CUDA to import their model code; their
 # loaders were read, not run.
@@ -27,5 +27,6 @@ if ! "$SPEC_VENV/bin/python" -c "import speculators.models" 2>/dev/null; then
 fi
 
 rm -rf "$OUT"
-.venv/bin/python scripts/check_engine_loaders.py export "$OUT"
-HF_HUB_OFFLINE=1 "$SPEC_VENV/bin/python" scripts/check_engine_loaders.py load "$OUT"
+.venv/bin/python -m draftsmith.app.cli bench engine-loaders export "$OUT"
+# the side venv has no draftsmith: the module runs from this checkout (it imports nothing of draftsmith's there)
+PYTHONPATH="$PWD" HF_HUB_OFFLINE=1 "$SPEC_VENV/bin/python" -m draftsmith.app.bench.engine_loaders load "$OUT"

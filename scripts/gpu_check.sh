@@ -41,7 +41,7 @@ if [ "$MODE" != "--dry" ] && ls .whl/*.whl >/dev/null 2>&1; then  # a dry run us
     || log "wheel install failed (see install.log); continuing"
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
-if ! "$PY" -c "import draftsmith.app.gpucheck" >/dev/null 2>&1; then
+if ! "$PY" -c "import draftsmith.app.bench.gpu_check" >/dev/null 2>&1; then
   log "installing draftsmith from this checkout (no index, no dependencies)"
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" . \
     >>"$OUT/install.log" 2>&1 || { log "error: draftsmith did not install (see $OUT/install.log)"; exit 2; }
@@ -68,7 +68,7 @@ if [ -z "${DRAFTSMITH_COMMIT:-}" ] && [ "$COMMIT" != unknown ] && ! git diff --q
 fi
 PROFILES=$(ls results/profiles/*.json 2>/dev/null || true)
 log "benchmarks and report"
-timeout "${BENCH_S:-250}" "$PY" -m draftsmith.app.gpucheck "$OUT" ${MODE:+--dry} --pytest-rc "$PYTEST_RC" --commit "$COMMIT" \
+timeout "${BENCH_S:-250}" "$PY" -m draftsmith.app.cli bench gpu-check "$OUT" ${MODE:+--dry} --pytest-rc "$PYTEST_RC" --commit "$COMMIT" \
   --budget-s "$(( ${BENCH_S:-250} - 30 ))" ${PROFILES:+--profiles $PROFILES} 2>&1 | tee "$OUT/bench.log"
 RC=${PIPESTATUS[0]}
 if [ ! -s "$OUT/gpu_check.json" ]; then  # the benchmark process died before its first report

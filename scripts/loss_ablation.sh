@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Loss ablation on the embedded target (resumable: rerun the same command after a stop):
-#   bash scripts/loss_ablation.sh OUT distill [loss_ablation.py options]   # the quickstart draft LM recipe
-#   bash scripts/loss_ablation.sh OUT eagle3  [loss_ablation.py options]   # the EAGLE-3 CPU recipe, shortened
+#   bash scripts/loss_ablation.sh OUT distill [bench loss-ablation options]   # the quickstart draft LM recipe
+#   bash scripts/loss_ablation.sh OUT eagle3  [bench loss-ablation options]   # the EAGLE-3 CPU recipe, shortened
 # The training data is generated once under OUT/data (the recipes' own generate commands), every run of a trainer
-# reads the same data (EAGLE-3 runs share one hidden-state cache), then scripts/loss_ablation.py trains each loss
+# reads the same data (EAGLE-3 runs share one hidden-state cache), then `draftsmith bench loss-ablation` trains each loss
 # with two seeds and measures every checkpoint in one decoder run (greedy and T=1) on dev-eval and on 64 training
 # prompts its data did not use (the distribution of the trainer's held-out prediction). Writes OUT/<trainer>/ablation.*.
 set -euo pipefail
@@ -34,8 +34,8 @@ case "$TRAINER" in
 esac
 # every argument and recipe override is checked (a dry plan, nothing written) before the data is generated;
 # --dry stops there
-for a in "$@"; do [ "$a" = --dry ] && exec "$PY" scripts/loss_ablation.py "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@"; done
-"$PY" scripts/loss_ablation.py "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@" --dry > /dev/null
+for a in "$@"; do [ "$a" = --dry ] && exec "$PY" -m draftsmith.app.cli bench loss-ablation "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@"; done
+"$PY" -m draftsmith.app.cli bench loss-ablation "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@" --dry > /dev/null
 # the held-out prompts (the 64 after the data's), checked before any compute
 [ -f "$heldout" ] || "$PY" -c "import json, sys
 from pathlib import Path
@@ -52,4 +52,4 @@ write_text(sys.argv[1], ''.join(json.dumps({'messages': p.messages, 'category': 
 "$PY" -m draftsmith.app.cli generate --target smollm2-135m --prompts builtin:train --limit "$limit" \
   --max-new-tokens 80 --max-prompt-tokens 160 --skip-long --out "$data"
 sets+=(--prompts "builtin:dev-eval,$heldout")
-exec "$PY" scripts/loss_ablation.py "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@"
+exec "$PY" -m draftsmith.app.cli bench loss-ablation "$OUT" --trainer "$TRAINER" "${sets[@]}" "$@"

@@ -120,17 +120,17 @@ def cases() -> list[Case]:
         ),
         Case("push --dry-run /proc/x", lambda f, d: push(f, d, "/proc/draftsmith-probe", "--no-results")),
         Case(
-            "costbench --out FILE/x.json",
+            "bench cost --out FILE/x.json",
             lambda f, d: (
-                [*CLI[:2], "draftsmith.app.costbench", "--shape", "tiny-target", "--device", "cpu"]
+                [*CLI, "bench", "cost", "--shape", "tiny-target", "--device", "cpu"]
                 + ["--out", str(d / "a_file" / "x.json")]
             ),
             _file,
         ),
         Case(
-            "trainbench --out FILE/x.json",
+            "bench train --out FILE/x.json",
             lambda f, d: (
-                [*CLI[:2], "draftsmith.app.trainbench", "--shape", "tiny-target", "--device", "cpu"]
+                [*CLI, "bench", "train", "--shape", "tiny-target", "--device", "cpu"]
                 + ["--out", str(d / "a_file" / "x.json")]
             ),
             _file,

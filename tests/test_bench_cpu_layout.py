@@ -1,19 +1,13 @@
-"""scripts/bench_cpu_layout.py: a bad --max-extra-gib or --without is one line and exit 2 before any model loads or
+"""draftsmith bench cpu-layout: a bad --max-extra-gib or --without is one line and exit 2 before any model loads or
 file is written; a run on a tiny model times every variant it names."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from draftsmith import models
+from draftsmith.app.cli import main
 from draftsmith.testing import tiny_llama
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import bench_cpu_layout  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -28,9 +22,7 @@ import bench_cpu_layout  # noqa: E402
 def test_bad_input_is_refused_before_any_work(flag, value, named, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     out = tmp_path / "layout"
-    with pytest.raises(SystemExit) as exc:
-        bench_cpu_layout.main([flag, value, "--out", str(out)])
-    assert exc.value.code == 2
+    assert main(["bench", "cpu-layout", flag, value, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert flag in err[-1] and named in err[-1]
     assert not out.exists()
@@ -41,7 +33,7 @@ def test_a_run_times_the_tuned_target_with_and_without_a_kernel(tmp_path, capsys
     tiny_llama(seed=0).save_pretrained(target)
     out = tmp_path / "layout"
     args = ["--target", str(target), "--context", "16", "--reps", "1", "--without", "packed,onednn"]
-    assert bench_cpu_layout.main([*args, "--out", str(out)]) == 0
+    assert main(["bench", "cpu-layout", *args, "--out", str(out)]) == 0
     res = json.loads((out / "layout.json").read_text())
     names = ["nn.Linear", "tuned", "tuned without onednn,packed"]
     assert list(res["forward_ms"]) == names and list(res["decode_tok_s"]) == names

@@ -1,22 +1,17 @@
-"""scripts/bench_peers.py: transformers' decoding and draftsmith's side by side on one target, same outputs."""
+"""draftsmith bench peers: transformers' decoding and draftsmith's side by side on one target, same outputs."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from draftsmith.app.cli import main
 
 
 def test_peers_and_draftsmith_decode_the_same_tokens(tiny_dirs, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "scripts" / "bench_peers.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
         "\n".join(json.dumps({"prompt": f"Tell me about {w}."}) for w in ("foxes", "dogs", "seas"))
     )
-    mod.main(["--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompts", str(prompts),
-              "--limit", "2", "--max-new-tokens", "8"])  # fmt: skip
+    assert main(["bench", "peers", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+                 "--prompts", str(prompts), "--limit", "2", "--max-new-tokens", "8"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     table = [line.split() for line in out.splitlines() if line.startswith(("hf_", "ds_"))]
     rows = {c[0]: c for c in table if len(c) == 5 and c[1] != "/"}  # name, tok/s, ratio, same/n, near-ties

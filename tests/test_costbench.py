@@ -6,7 +6,9 @@ import json
 import pytest
 import torch
 
-from draftsmith.app import costbench, trainbench
+from draftsmith.app import costbench
+from draftsmith.app.bench import trainbench
+from draftsmith.app.cli import main
 from draftsmith.errors import DraftsmithError
 
 
@@ -142,8 +144,10 @@ def test_bad_profiles_and_outputs_are_refused(tmp_path, capsys):
     (tmp_path / "junk.json").write_text("{not json")
     out = tmp_path / "out.json"
     assert (
-        costbench.main(
+        main(
             [
+                "bench",
+                "cost",
                 "--out",
                 str(out),
                 "--shape",
@@ -158,7 +162,7 @@ def test_bad_profiles_and_outputs_are_refused(tmp_path, capsys):
     )
     assert "error: profile" in capsys.readouterr().err and not out.exists()
     out.write_text("{}")
-    assert costbench.main(["--out", str(out), "--device", "cpu"]) == 2
+    assert main(["bench", "cost", "--out", str(out), "--device", "cpu"]) == 2
     assert "exists" in capsys.readouterr().err and out.read_text() == "{}"
 
 

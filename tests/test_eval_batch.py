@@ -1,5 +1,5 @@
 """`draftsmith eval --batch-size`: the speedup curve over batch sizes, its report, its one-line errors; the batch cost
-model (app.costbatch) on tiny shapes."""
+model (app.bench.costbatch) on tiny shapes."""
 
 import json
 
@@ -80,7 +80,7 @@ def test_groups_and_break_even():
 
 def test_costbatch_predicts_a_curve_per_profile(tiny_dirs, tmp_path):
     """The batch cost model on tiny shapes: every batch size timed, each profile priced at every size."""
-    from draftsmith.app import costbatch
+    from draftsmith.app.cli import main
 
     prof = tmp_path / "ngram.json"
     prof.write_text(json.dumps({"tau": 1.8, "speedup": 1.2, "alpha_per_position": [0.6, 0.3],
@@ -88,7 +88,7 @@ def test_costbatch_predicts_a_curve_per_profile(tiny_dirs, tmp_path):
     out = tmp_path / "cb.json"
     argv = ["--shape", "tiny-target", "--device", "cpu", "--batch-sizes", "1,2", "--context", "16", "--reps", "1",
             "--k", "2", "--out", str(out), "--profiles", str(prof)]  # fmt: skip
-    assert costbatch.main(argv) == 0
+    assert main(["bench", "cost-batch", *argv]) == 0
     res = json.loads(out.read_text())
     assert set(res["per_batch"]) == {"1", "2"}
     for entry in res["per_batch"].values():
@@ -102,7 +102,7 @@ def test_costbatch_predicts_a_curve_per_profile(tiny_dirs, tmp_path):
     (p,) = res["profiles"]
     assert set(p["per_batch"]) == {"1", "2"} and all(c["speedup"] > 0 for c in p["per_batch"].values())
     assert "| 2 |" in out.with_suffix(".md").read_text()
-    assert costbatch.main(argv) == 2  # never overwrites
+    assert main(["bench", "cost-batch", *argv]) == 2  # never overwrites
 
 
 @pytest.mark.slow

@@ -292,19 +292,16 @@ def test_heldout_rounds_walk_predicts_the_greedy_decoders_target_steps(tiny_targ
 
 
 def test_predicted_vs_decoded_script_counts_the_same_rounds(tiny_dirs, tmp_path, capsys):
-    """scripts/predicted_vs_decoded.py on a saved target and an EAGLE-3 head fitted to its answers: the rounds the
-    held-out eval walks along each decoded answer are the rounds the decoder took; bad input is one line, exit 2."""
-    import sys
-    from pathlib import Path
+    """`draftsmith bench predicted-vs-decoded` on a saved target and an EAGLE-3 head fitted to its answers: the
+    rounds the held-out eval walks along each decoded answer are the rounds the decoder took; bad input is one line,
+    exit 2."""
     from types import SimpleNamespace
 
+    from draftsmith.app.cli import main
     from draftsmith.heads.eagle.losses import eagle3_loss
     from draftsmith.heads.hidden import target_features
     from draftsmith.models import load_model, load_tokenizer
     from draftsmith.prompts import load_prompts, prompt_ids
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import predicted_vs_decoded
 
     target = load_model(tiny_dirs["target"], device="cpu").requires_grad_(False)
     tok = load_tokenizer(tiny_dirs["target"])
@@ -331,7 +328,7 @@ def test_predicted_vs_decoded_script_counts_the_same_rounds(tiny_dirs, tmp_path,
     out = tmp_path / "check.json"
     argv = ["--target", tiny_dirs["target"], "--head", str(tmp_path / "e3"), "--prompts", str(prompts)]
     argv += ["--k", "3", "--max-new-tokens", "24"]
-    assert predicted_vs_decoded.main([*argv, "--json", str(out)]) == 0
+    assert main(["bench", "predicted-vs-decoded", *argv, "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert len(res["rows"]) == 3
     for r in res["rows"]:
@@ -344,12 +341,12 @@ def test_predicted_vs_decoded_script_counts_the_same_rounds(tiny_dirs, tmp_path,
         (["--head", str(tmp_path / "nope")], "not a drafter folder"),
         (["--k", "0"], "--k"),
     ):
-        assert predicted_vs_decoded.main([*argv, *extra]) == 2
+        assert main(["bench", "predicted-vs-decoded", *argv, *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error:") and says in err and "\n" not in err
     medusa = tmp_path / "m"
     save_head(
         MedusaHeads.from_target(target, 3, 1), medusa, extra_json={ACCURACY_FILE: {"rank_accuracy": ACC}}
     )
-    assert predicted_vs_decoded.main([*argv, "--head", str(medusa)]) == 2
+    assert main(["bench", "predicted-vs-decoded", *argv, "--head", str(medusa)]) == 2
     assert "walks rounds" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""scripts/loss_ablation.py: plans and validates before it writes, trains every loss x seed from one recipe with
+"""draftsmith bench loss-ablation: plans and validates before it writes, trains every loss x seed from one recipe with
 one held-out split, resumes, and measures every checkpoint with the decoder in one run."""
 
 import json
@@ -9,10 +9,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from draftsmith.app.bench import loss_ablation
+from draftsmith.app.cli import main
 
-import loss_ablation  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_ablation(argv: list[str]) -> int:
+    return main(["bench", "loss-ablation", *argv])
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +53,7 @@ def _args(out, sets, *extra):
 def test_dry_run_validates_and_writes_nothing(tiny_setup, capsys):
     root, sets, _ = tiny_setup
     out = root / "dry"
-    assert loss_ablation.main(_args(out, sets, "--losses", "fkl,tvd,fkl>tvd@1", "--dry")) == 0
+    assert run_ablation(_args(out, sets, "--losses", "fkl,tvd,fkl>tvd@1", "--dry")) == 0
     text = capsys.readouterr().out
     assert "3 losses x 2 seeds" in text and "loss.warmup_kind=fkl loss.warmup_steps=1" in text
     assert text.count("data.split_seed=0") == 6 and not out.exists()
@@ -74,7 +78,7 @@ def test_dry_run_validates_and_writes_nothing(tiny_setup, capsys):
 def test_bad_arguments_are_one_line_before_anything_is_written(tiny_setup, extra, message, capsys):
     root, sets, _ = tiny_setup
     out = root / "bad"
-    status = loss_ablation.main(
+    status = run_ablation(
         _args(out, sets, "--losses", "fkl", *extra) if "--losses" not in extra else _args(out, sets, *extra)
     )
     err = capsys.readouterr().err
@@ -112,7 +116,7 @@ def test_trains_every_loss_and_seed_then_measures_them_in_one_run(tiny_setup, ca
     argv = _args(
         out, sets, "--losses", "fkl,tvd", "--temperatures", "0,1", "--prompts", f"builtin:dev-eval,{heldout}"
     )
-    assert loss_ablation.main(argv) == 0
+    assert run_ablation(argv) == 0
     runs = out / "distill" / "runs"
     assert sorted(p.name for p in runs.iterdir()) == ["fkl-s0", "fkl-s1", "tvd-s0", "tvd-s1"]
     for run in runs.iterdir():
@@ -139,7 +143,7 @@ def test_trains_every_loss_and_seed_then_measures_them_in_one_run(tiny_setup, ca
     # a rerun trains nothing and measures nothing again
     before = {p: p.stat().st_mtime_ns for p in (out / "distill").glob("measured-*.json")}
     capsys.readouterr()
-    assert loss_ablation.main(argv) == 0
+    assert run_ablation(argv) == 0
     assert capsys.readouterr().out.count(": done, kept") == 4
     assert {p: p.stat().st_mtime_ns for p in (out / "distill").glob("measured-*.json")} == before
 
@@ -152,7 +156,7 @@ def test_untrained_measures_the_draft_the_runs_start_from_beside_them(tiny_setup
     sets += ["--set", f"model.draft={dirs['draft']}", "--set", "model.layers=null"]
     out = root / "untrained"
     argv = _args(out, sets, "--losses", "fkl", "--seeds", "0", "--temperatures", "0", "--untrained")
-    assert loss_ablation.main(argv) == 0
+    assert run_ablation(argv) == 0
     measured = json.loads((out / "distill" / "measured-t0.json").read_text())
     assert sorted(measured["drafters"]) == ["fkl-s0", "untrained"]
     table = json.loads((out / "distill" / "ablation.json").read_text())["table"]
@@ -172,7 +176,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_resumed(tiny_setup, capsys
     root, sets, _ = tiny_setup
     out = root / "early-stop"
     argv = _args(out, sets, "--losses", "fkl", "--seeds", "0", "--temperatures", "0")
-    assert loss_ablation.main(argv) == 0
+    assert run_ablation(argv) == 0
     run = out / "distill" / "runs" / "fkl-s0"
     for name in ("final", "checkpoints", "metrics.jsonl"):
         p = run / name
@@ -181,7 +185,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_resumed(tiny_setup, capsys
         p.unlink()
     assert (run / "run.yaml").is_file()
     capsys.readouterr()
-    assert loss_ablation.main(argv) == 0
+    assert run_ablation(argv) == 0
     assert "fkl-s0: resuming" in capsys.readouterr().out
     assert (run / "final" / "config.json").is_file()
 

@@ -1,9 +1,7 @@
 """One measurement path: `measure` with N named drafters, the settings object that writes eval.json's conditions,
-and scripts/bench_drafters.py as a thin caller of both."""
+and `draftsmith bench drafters` as a thin caller of both."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +12,6 @@ from draftsmith.decode.proposers import DraftModelProposer, NGramProposer
 from draftsmith.errors import DraftsmithError
 from draftsmith.evalsettings import CONDITION_KEYS, RUN_KEYS, SETTING_KEYS, EvalSettings, conditions
 from draftsmith.prompts import Prompt
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _prompts(n):
@@ -77,17 +73,10 @@ def test_settings_validate_and_write_every_condition_once():
         conditions(s, **{k: v for k, v in run.items() if k != "dtype"})
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("bench_drafters", ROOT / "scripts" / "bench_drafters.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_bench_drafters_is_a_thin_caller(tiny_dirs, tmp_path, capsys):
     from draftsmith.app import costbench
+    from draftsmith.app.cli import main
 
-    bench = _bench_module()
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
         "\n".join(json.dumps({"prompt": p, "category": c}) for p, c in
@@ -97,7 +86,7 @@ def test_bench_drafters_is_a_thin_caller(tiny_dirs, tmp_path, capsys):
     argv = ["--target", tiny_dirs["target"], "--prompts", str(prompts), "--limit", "2", "--max-new-tokens", "6",
             "--drafter", f"d=draft:{tiny_dirs['draft']}@3", "--drafter", "n=ngram:max=2@2",
             "--out", str(out), "--profiles-out", str(prof), "--flops"]  # fmt: skip
-    assert bench.main(argv) == 0
+    assert main(["bench", "drafters", *argv]) == 0
     res = json.loads((out / "bench.json").read_text())
     assert set(res["drafters"]) == {"d", "n"} and (out / "bench.png").stat().st_size > 1000
     for name, r in res["drafters"].items():
@@ -121,7 +110,10 @@ def test_bench_drafters_is_a_thin_caller(tiny_dirs, tmp_path, capsys):
         (["--drafter", "x=bogus:1@2"], "unknown drafter kind"),
         (["--drafter", "x=ngram:"], "NAME=SPEC@K"),
     ):
-        assert bench.main(["--target", tiny_dirs["target"], "--out", str(tmp_path / "o2"), *bad]) == 2
+        assert (
+            main(["bench", "drafters", "--target", tiny_dirs["target"], "--out", str(tmp_path / "o2"), *bad])
+            == 2
+        )
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and msg in err[0]
     assert not (tmp_path / "o2").exists()

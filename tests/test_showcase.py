@@ -1,4 +1,4 @@
-"""scripts/showcase.py --dry: every Qwen recipe validated with the output paths, the plan printed, nothing written."""
+"""draftsmith bench showcase --dry: every Qwen recipe validated with the output paths, the plan printed, nothing written."""
 
 import json
 import subprocess
@@ -7,15 +7,20 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from draftsmith.app.bench import showcase
+from draftsmith.app.cli import main
+from draftsmith.errors import DraftsmithError
 
-import showcase  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_showcase(argv: list[str]) -> int:
+    return main(["bench", "showcase", *argv])
 
 
 def test_dry_run_plans_every_recipe_and_drafter(tmp_path, capsys):
     out = tmp_path / "sc"
-    assert showcase.main([str(out), "--dry"]) == 0
+    assert run_showcase([str(out), "--dry"]) == 0
     text = capsys.readouterr().out
     recipes = sorted((ROOT / "recipes").glob("*qwen2.5-coder-1.5b-*.yaml"))
     assert len(recipes) >= 2 and all(f" {p.name} " in text for p in recipes)
@@ -66,7 +71,7 @@ def test_a_finished_showcase_is_not_measured_over(tmp_path, capsys):
     out = tmp_path / "sc"
     out.mkdir()
     (out / "showcase.json").write_text("{}")
-    assert showcase.main([str(out), "--skip", "draft-0.5b-lora", "--skip", "draft-0.5b-pruned"]) == 2
+    assert run_showcase([str(out), "--skip", "draft-0.5b-lora", "--skip", "draft-0.5b-pruned"]) == 2
     err = capsys.readouterr().err
     assert "showcase.json exists" in err and err.count("\n") == 1
     assert sorted(p.name for p in out.iterdir()) == ["showcase.json"]
@@ -78,7 +83,7 @@ def test_bad_input_exits_2_from_the_command_line(tmp_path):
     out = tmp_path / "a_file"
     out.write_text("x\n")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "showcase.py"), str(out), "--dry"],
+        [sys.executable, "-m", "draftsmith.app.cli", "bench", "showcase", str(out), "--dry"],
         capture_output=True,
         text=True,
     )
@@ -89,11 +94,11 @@ def test_bad_input_exits_2_from_the_command_line(tmp_path):
 
 def test_skip_leaves_out_a_recipe_and_the_layer_skip_search(tmp_path, capsys):
     out = tmp_path / "sc"
-    assert showcase.main([str(out), "--dry", "--skip", "draft-0.5b-lora", "--skip", "layerskip"]) == 0
+    assert run_showcase([str(out), "--dry", "--skip", "draft-0.5b-lora", "--skip", "layerskip"]) == 0
     text = capsys.readouterr().out
     assert "bench draft-0.5b-pruned:" in text and "bench ngram:" in text
     assert "draft-0.5b-lora" not in text and "layerskip" not in text
-    assert showcase.main([str(out), "--dry", "--skip", "draft-0.5b-as-is-vocab32k", "--skip", "ngram"]) == 0
+    assert run_showcase([str(out), "--dry", "--skip", "draft-0.5b-as-is-vocab32k", "--skip", "ngram"]) == 0
     text = capsys.readouterr().out
     assert (
         "bench draft-0.5b-as-is:" in text
@@ -139,7 +144,7 @@ def test_report_compares_the_libraries_within_the_loop_only():
 )
 def test_bench_settings_are_checked_before_anything_trains(tmp_path, capsys, extra, message):
     out = tmp_path / "sc"
-    assert showcase.main([str(out), *extra]) == 2
+    assert run_showcase([str(out), *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and err.startswith("error: ") and err.count("\n") == 1
     assert not out.exists()
@@ -150,7 +155,7 @@ def test_layer_skip_is_benched_at_the_k_its_search_chose(tmp_path, capsys):
     search that chose k 2 was benched at k 3 and lost, 0.86x, where it had measured 1.05x at k 2)."""
     out = tmp_path / "sc"
     args = [str(out), "--dry", "--skip", "draft-0.5b-lora", "--skip", "draft-0.5b-pruned"]
-    assert showcase.main(args) == 0
+    assert run_showcase(args) == 0
     assert (
         f"bench layerskip: layerskip:{out / 'layerskip'} @ k={showcase.LAYERSKIP_K}"
         in capsys.readouterr().out
@@ -161,5 +166,5 @@ def test_layer_skip_is_benched_at_the_k_its_search_chose(tmp_path, capsys):
     assert showcase.layerskip_k(out) == 2
     assert ("layerskip", f"layerskip:{out / 'layerskip'}", 2) in showcase.drafter_specs(out, [], {})
     cfg.write_text(json.dumps({"draftsmith_drafter": "layerskip", "skip_layers": [1], "search": {}}))
-    with pytest.raises(showcase.DraftsmithError, match="search.k"):
+    with pytest.raises(DraftsmithError, match="search.k"):
         showcase.layerskip_k(out)

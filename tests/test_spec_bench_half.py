@@ -54,22 +54,17 @@ def test_a_missing_folder_or_name_is_one_clear_error(tmp_path, monkeypatch):
 
 @needs_data
 def test_bench_drafters_mixes_sources_and_reports_per_category(tiny_dirs, tmp_path, capsys):
-    """scripts/bench_drafters.py with --prompts twice: the first N of each set, results per category, the
+    """`draftsmith bench drafters` with --prompts twice: the first N of each set, results per category, the
     adaptive draft length beside a fixed one."""
-    import importlib.util
-    from pathlib import Path
+    from draftsmith.app.cli import main
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_drafters.py"
-    spec = importlib.util.spec_from_file_location("bench_drafters", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     chat = tmp_path / "p.jsonl"
     chat.write_text(json.dumps({"prompt": "Hello there, the quick", "category": "vicuna"}) + "\n")
     out = tmp_path / "bench"
     argv = ["--target", tiny_dirs["target"], "--prompts", str(chat), "--prompts", "shared:spec-bench-half:qa",
             "--limit", "1", "--max-new-tokens", "6", "--drafter", f"d=draft:{tiny_dirs['draft']}@3",
             "--drafter", f"auto=draft:{tiny_dirs['draft']}@auto:3", "--out", str(out)]  # fmt: skip
-    assert bench.main(argv) == 0
+    assert main(["bench", "drafters", *argv]) == 0
     result = json.loads((out / "bench.json").read_text())
     for name, row in result["drafters"].items():
         assert set(row["per_category"]) == {"vicuna", "qa"}, name

@@ -11,6 +11,7 @@
     draftsmith layerskip --target T --out DIR  # measured skip set: a layerskip:DIR drafter
     draftsmith vocab --target T --data DIR --out DIR   # reduced draft vocabulary: draft:D,vocab=DIR
     draftsmith curve RUN [--bench B.json --reference NAME] --out DIR   # data-scaling curve of a run's snapshots
+    draftsmith bench SUBCOMMAND ...            # every measurement: draftsmith bench --help lists them
     draftsmith results [--check]              # RESULTS.md, docs/drafters.md, README tables from their sources
 """
 
@@ -39,9 +40,9 @@ COMMANDS = {
         "tokenizer matches it (no weights loaded)",
     ),
     "export": ("draftsmith.app.export", "export a checkpoint for transformers, vLLM or SGLang"),
-    "bench-engine": (
-        "draftsmith.app.enginebench",
-        "measure drafters inside llama.cpp beside draftsmith's decoder",
+    "bench": (
+        "draftsmith.app.bench",
+        "measurements: drafters, peers, llama.cpp, the cost model, the showcase, ... (draftsmith bench --help)",
     ),
     "push": ("draftsmith.app.push", "publish a checkpoint with a model card to the Hugging Face Hub"),
     "layerskip": (

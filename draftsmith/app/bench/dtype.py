@@ -2,8 +2,10 @@
 draft), prefill throughput, and how far bf16 logits move between a one-token step and a multi-token forward
 (the rounding `decode.evaluate.tie_tolerance` allows for). All ratios come from one run.
 
-    python scripts/bench_dtype.py [--target smollm2-135m] [--threads 2]
+    draftsmith bench dtype [--target smollm2-135m] [--threads 2]
 """
+
+from __future__ import annotations
 
 import argparse
 import time
@@ -45,12 +47,13 @@ def rounding_ulps(model, trials: int = 3) -> float:
     return worst
 
 
-@torch.no_grad()
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+
+
+@torch.no_grad()
+def command(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     dev = default_device()
     print(
@@ -80,7 +83,4 @@ def main() -> None:
         f"bf16 / fp32 time: 1 token {b16[1] / f32[1]:.2f}x, 32 tokens {b16[32] / f32[32]:.2f}x, "
         f"prefill throughput {p16 / p32:.2f}x"
     )
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,7 +1,7 @@
 """Training throughput, measured through draftsmith's own training loop (draftsmith.trainer.run) on real shapes.
 
-    python -m draftsmith.app.trainbench --out runs/train.json                          # CUDA: 8B-shaped target
-    python -m draftsmith.app.trainbench --shape tiny-target --device cpu --out runs/t.json   # seconds, CPU
+    draftsmith bench train --out runs/train.json                                 # CUDA: 8B-shaped target
+    draftsmith bench train --shape tiny-target --device cpu --out runs/t.json   # seconds, CPU
 
 Two measurements, each a few optimizer steps of the real trainer (bf16 autocast on CUDA, fused AdamW, gradient
 clipping, the library's loss), random weights of the published shapes, synthetic token ids:
@@ -227,17 +227,16 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m draftsmith.app.trainbench", description=__doc__.split("\n\n")[0]
-    )
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--shape", default=TrainBenchArgs.shape, choices=sorted(DRAFT_FOR))
     ap.add_argument("--device", default=None)
     ap.add_argument("--steps", type=int, default=TrainBenchArgs.steps)
     ap.add_argument("--eagle-length", type=int, default=TrainBenchArgs.eagle_length)
     ap.add_argument("--distill-length", type=int, default=TrainBenchArgs.distill_length)
-    args = ap.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         if out.exists():
@@ -260,7 +259,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     write_result(out, res, markdown(res))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,15 +3,16 @@ same target, prompts and settings, one process: answer tokens/s of each, the rat
 differ (the Q4 GGUF runs on llama.cpp's quantized kernels, the local copy on dequantized weights, so greedy answers
 part at near-ties; where they part is printed).
 
-    python scripts/bench_generate.py --target qwen2.5-coder-1.5b --limit 32 --max-new-tokens 128 --out runs/bench-gen
+    draftsmith bench generate --target qwen2.5-coder-1.5b --limit 32 --max-new-tokens 128 --out runs/bench-gen
 
 Needs `WITH_LLAMACPP=1 bash scripts/setup.sh`. Prompts: builtin:train (training prompts, never an evaluation set).
 Writes OUT/local and OUT/server (two generate folders) and OUT/bench_generate.json.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
-import logging
 import time
 
 from draftsmith.fileio import check_output_dir, write_json
@@ -27,8 +28,7 @@ def _timed(**kw) -> tuple[float, dict]:
     return seconds, {r["id"]: r for r in load_generated(out)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--prompts", default="builtin:train")
     ap.add_argument("--limit", type=int, default=32)
@@ -36,8 +36,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8, help="transformers' generate batch")
     ap.add_argument("--parallel", type=int, default=4, help="requests in flight to llama-server")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+
+def command(args: argparse.Namespace) -> int:
     out = check_output_dir(args.out, results=("bench_generate.json",))
     binary("llama-server")  # before any minute is spent
     common = {"target": args.target, "prompts": args.prompts, "limit": args.limit,
@@ -73,7 +74,4 @@ def main() -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "differences"}, indent=1))
     for d in differ:
         print(f"  {d['id']}: first difference at answer token {d['first_difference_at']}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,6 +1,6 @@
 """Drafters side by side (any `draftsmith eval` specs), ONE process, same target, prompts and settings (greedy).
 
-    python scripts/bench_drafters.py --prompts builtin:dev-eval --prompts shared:spec-bench-half --limit 12 \
+    draftsmith bench drafters --prompts builtin:dev-eval --prompts shared:spec-bench-half --limit 12 \
         --max-new-tokens 64 \
         --drafter eagle3=eagle:runs/heads-eagle3/final,top_k=6,depth=3,total_tokens=10@6 \
         --drafter earlyexit=earlyexit:runs/earlyexit/final,stop_below=0.3@6 \
@@ -110,7 +110,7 @@ def write_profiles(bench: dict, folder: Path, note: str = "") -> list[Path]:
         c = r["conditions"]
         prof = {
             "name": name,
-            "source": f"scripts/bench_drafters.py on {c['prompts']} ({c['n_prompts']} prompts, "
+            "source": f"draftsmith bench drafters on {c['prompts']} ({c['n_prompts']} prompts, "
             f"{c['max_new_tokens']} tokens, greedy){note}",
             **{key: r[key] for key in ("tau", "speedup", "alpha_per_position", "conditions")},
         }
@@ -267,8 +267,7 @@ def print_categories(out: dict) -> None:
         print(line)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument(
         "--prompts",
@@ -292,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         help="also decode the prompts in batches of these sizes (draftsmith eval --batch-size; bench-batch.png)",
     )
     ap.add_argument("--sweep-k", action="store_true", help="with --batch-size: every k from 1 to each K")
-    args = ap.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
     try:  # before anything loads: bad input fails now, not after the benchmark
         check_output_dir(args.out, BENCH_FILES, overwrite=True)
         if args.profiles_out:
@@ -324,7 +325,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{name} by batch size (k = {out['drafters'][name]['k']}):\n{batch_table(batch)}")
     print_table(out)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """The benchmark half of `scripts/gpu_check.sh`: the hardware cost model (costbench) and training throughput
 (trainbench) in one process, and one JSON + Markdown report with the gpu-marked test results beside them.
 
-    python -m draftsmith.app.gpucheck OUT_DIR [--dry] [--pytest-xml OUT_DIR/pytest-gpu.xml] [--budget-s 300]
+    draftsmith bench gpu-check OUT_DIR [--dry] [--pytest-xml OUT_DIR/pytest-gpu.xml] [--budget-s 300]
 
 --dry: tiny shapes on the CPU, compile with torch.compile's `eager` backend (dynamo tracing of the same
 StaticCache path, no code generation): proves the check starts and every phase runs, in seconds; its timings mean
@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from draftsmith.app import costbatch, costbench, trainbench
+from draftsmith.app import costbench
+from draftsmith.app.bench import costbatch, trainbench
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import write_json, write_text
 
@@ -120,8 +121,7 @@ def write_report(out: Path, report: dict) -> None:
     write_text(out / f"{REPORT}.md", markdown(report))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def command(args: argparse.Namespace) -> int:
     out = Path(args.out)
     bad = _bad_input(out, args.profiles)
     if bad:
@@ -143,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if report.get("errors") or (report["pytest"] or {}).get("failures") else 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m draftsmith.app.gpucheck", description=__doc__.split("\n\n")[0]
-    )
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("out", help="the check's folder (gpu_check.sh creates it)")
     ap.add_argument("--dry", action="store_true", help="tiny shapes on the CPU: checks that every phase runs")
     ap.add_argument(
@@ -160,7 +157,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--profiles", nargs="*", default=[], help="eval.json acceptance profiles for the cost model"
     )
-    return ap
 
 
 def _bad_input(out: Path, profiles: list[str]) -> str | None:
@@ -270,7 +266,3 @@ def _run_phases(report: dict, out: Path, bench_args: tuple, budget_s: float, dry
             report, "cost", lambda: costbench.run(cost_args, modes=("compiled",), prior=eager, on_update=keep)
         )
         write_report(out, report)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

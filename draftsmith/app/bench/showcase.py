@@ -29,8 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from recipe_runs import ROOT, RecipeRun, guarded
-
+from draftsmith.app.bench.runs import ROOT, RecipeRun
 from draftsmith.errors import DraftsmithError
 
 TARGET, SMALL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
@@ -164,12 +163,12 @@ def layerskip(out: Path) -> None:
 
 
 def bench(args, specs: list[tuple[str, str, int]]) -> dict:
-    """Drafters (bench_drafters.bench, with FLOP shares) and transformers' peers, in this one process."""
-    import bench_drafters
-    import bench_peers
+    """Drafters (bench.drafters.bench, with FLOP shares) and transformers' peers, in this one process."""
     import torch
 
     from draftsmith import models
+    from draftsmith.app.bench import drafters as bench_drafters
+    from draftsmith.app.bench import peers as bench_peers
     from draftsmith.decode.decoder import SpeculativeDecoder
     from draftsmith.prompts import load_prompts, prompt_ids
 
@@ -265,13 +264,7 @@ def plot(res: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Bad input: one `error: ...` line, exit status 2, nothing written; a failed step: one line, status 1."""
-    return guarded(_main, argv)
-
-
-def _main(argv: list[str] | None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--prompts", default="builtin:dev-eval")
     ap.add_argument("--limit", type=int, default=8)
@@ -283,7 +276,11 @@ def _main(argv: list[str] | None) -> int:
         help="a recipe not to train or bench, or a drafter not to bench (layerskip, ngram, ...; repeatable)",
     )
     ap.add_argument("--dry", action="store_true")
-    args = ap.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
+    """Bad input: one `error: ...` line, exit status 2, nothing written (a DraftsmithError, which the CLI prints);
+    a failed step: one line, status 1 (SystemExit)."""
     from draftsmith.fileio import check_output_dir
     from draftsmith.prompts import load_prompts
 
@@ -294,7 +291,7 @@ def _main(argv: list[str] | None) -> int:
     runs = [r for r in recipe_runs(args.out) if r.name not in args.skip]
     configs = {r.name: r.validate() for r in runs}  # every recipe, strictly, before anything is written
     specs = drafter_specs(args.out, runs, configs, args.skip)
-    from bench_drafters import parse_drafters
+    from draftsmith.app.bench.drafters import parse_drafters
 
     # the specs of folders that training or the layer-skip search will write are checked before the bench
     parse_drafters([f"{n}={s}@{k}" for n, s, k in specs if _exists(s)])
@@ -328,7 +325,3 @@ def _main(argv: list[str] | None) -> int:
     atomic_write(args.out / "showcase.png", lambda p: plot(res, p))
     print(report(res))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

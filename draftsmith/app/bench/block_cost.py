@@ -1,7 +1,7 @@
 """Draft cost per decoding step: block-parallel drafters (DFlash, P-EAGLE: one forward) vs the EAGLE-3 chain of the
 same depth (one head forward per token), measured in ONE process, drafters interleaved per prompt.
 
-    python scripts/bench_block_cost.py --eagle3 runs/block/eagle3/final --dflash runs/block/dflash/final \
+    draftsmith bench block-cost --eagle3 runs/block/eagle3/final --dflash runs/block/dflash/final \
         --peagle runs/block/peagle/final --prompts runs/block/dev12.jsonl --depths 3,4,7
 
 Prints, per depth d: mean draft milliseconds per step (proposer begin/propose/advance time / verify steps) of each
@@ -18,8 +18,7 @@ import sys
 import torch
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--eagle3", required=True)
     p.add_argument("--dflash")
@@ -28,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=6)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--depths", default="4")
-    a = p.parse_args(argv)
+
+
+def command(a: argparse.Namespace) -> int:
 
     from draftsmith import models
     from draftsmith.app.drafters import build_proposer
@@ -75,7 +76,3 @@ def main(argv: list[str] | None = None) -> int:
                 m = statistics.mean(xs)
                 print(f"| {name} | {d} | {max(depth_used[(name, d)])} | {m:.2f} | {m / base:.2f}x |")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Which training loss buys the most accepted tokens, measured by the decoder (resumable).
 
-    python scripts/loss_ablation.py OUT --trainer distill [--config R] [--losses fkl,tvd,fkl>tvd@60]
+    draftsmith bench loss-ablation OUT --trainer distill [--config R] [--losses fkl,tvd,fkl>tvd@60]
         [--seeds 0,1] [--set key=value ...] [--prompts builtin:dev-eval --limit 16 --max-new-tokens 64]
         [--k 4] [--temperatures 0,1] [--untrained] [--dry]
     bash scripts/loss_ablation.sh OUT distill            # the same, with the defaults below
@@ -35,20 +35,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
-from recipe_runs import ROOT, RecipeRun, config_class, guarded
-
+from draftsmith.app.bench.runs import ROOT, RecipeRun, config_class
 from draftsmith.errors import DraftsmithError
 
 
 @dataclass(frozen=True)
 class Trainer:
-    script: str  # recipe_runs trainer: distill | heads
+    script: str  # runs.RecipeRun trainer: distill | heads
     config: str
     spec: str  # the eval drafter spec of a finished run, {final} = its final/ folder, {k} = the draft length
     k: int  # the draft length users pick for it (the recipe's documented choice)
@@ -375,8 +373,7 @@ def plot(table: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--trainer", choices=sorted(TRAINERS), default="distill")
     ap.add_argument("--config", type=Path, default=None, help="recipe (default: the trainer's CPU recipe)")
@@ -396,7 +393,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="also measure the draft the runs start from, as it is (distill, model.init=existing)",
     )
     ap.add_argument("--dry", action="store_true", help="validate and print the plan; write nothing")
-    args = ap.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> argparse.Namespace:
+    """Every argument checked and resolved in place before anything is written (one DraftsmithError line)."""
     tr = TRAINERS[args.trainer]
     args.config = args.config or ROOT / tr.config
     if not args.config.is_file():
@@ -430,13 +430,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Bad input: one `error: ...` line, exit status 2, nothing written; a failed step: one line, status 1."""
-    return guarded(_main, argv)
-
-
-def _main(argv: list[str] | None) -> int:
-    args = parse(argv)
+def command(args: argparse.Namespace) -> int:
+    """Bad input: one `error: ...` line, exit status 2, nothing written (a DraftsmithError, which the CLI prints);
+    a failed step: one line, status 1 (SystemExit)."""
+    check(args)
     cells = plan(args)
     states = [c.run.state() for c in cells]
     print(f"{args.trainer}: {len(args.losses)} losses x {len(args.seeds)} seeds from {args.config}; "
@@ -459,7 +456,3 @@ def _main(argv: list[str] | None) -> int:
     plot(table, args.out / args.trainer / "ablation.png")
     print(md)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

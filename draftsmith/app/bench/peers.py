@@ -1,7 +1,7 @@
 """Benchmark draftsmith's decoder against transformers' own decoding, same process, same target and prompts.
 
-    python scripts/bench_peers.py --limit 6 --max-new-tokens 96            # embedded smollm2-135m, CPU
-    python scripts/bench_peers.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct --device cuda
+    draftsmith bench peers --limit 6 --max-new-tokens 96            # embedded smollm2-135m, CPU
+    draftsmith bench peers --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct --device cuda
 
 Methods (greedy, batch 1): transformers plain `generate`, `generate(assistant_model=draft)`,
 `generate(prompt_lookup_num_tokens=N)`, draftsmith plain / with the same draft / n-gram. Per prompt every method
@@ -128,8 +128,7 @@ def run_interleaved(methods: dict, encoded: list[torch.Tensor], target, dev) -> 
     return tokens, seconds, same, ties
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default=None, help="draft model (default: shrunken copy of the target)")
     ap.add_argument("--prompts", default="builtin:dev-eval")
@@ -159,7 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -230,7 +231,4 @@ def main(argv: list[str] | None = None) -> None:
     print(f"ds_plain / hf_plain         = {tps['ds_plain'] / tps['hf_plain']:.2f}x")
     if tmp is not None:
         tmp.cleanup()
-
-
-if __name__ == "__main__":
-    main()
+    return 0

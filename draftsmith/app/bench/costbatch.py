@@ -1,7 +1,7 @@
 """The cost model across batch sizes: the speedup each acceptance profile would reach at batch B on this device.
 
-    python -m draftsmith.app.costbatch --shape llama-3.1-8b --out runs/costbatch.json --profiles results/profiles/*.json
-    python -m draftsmith.app.costbatch --shape tiny-target --device cpu --batch-sizes 1,2,4 --out runs/cb-tiny.json
+    draftsmith bench cost-batch --shape llama-3.1-8b --out runs/costbatch.json --profiles results/profiles/*.json
+    draftsmith bench cost-batch --shape tiny-target --device cpu --batch-sizes 1,2,4 --out runs/cb-tiny.json
 
 Speculation pays while a verify forward over B (k + 1) tokens costs little more than a plain step over B tokens;
 as B grows the forward turns compute-bound and the gain shrinks (draftsmith eval --batch-size measures that curve on
@@ -19,6 +19,7 @@ independently), so only the costs move with B.
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 import time
@@ -210,10 +211,12 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = costbench.cli("python -m draftsmith.app.costbatch", __doc__, CurveArgs)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    costbench.add_common_arguments(ap, CurveArgs)
     ap.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
-    args = ap.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
     try:
         out, device, dtype = costbench.checked_cli(args)
         a = CurveArgs(
@@ -233,7 +236,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     costbench.write_result(out, res, markdown(res))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """The CPU weight layout (draftsmith.cpulayout) against nn.Linear's own, ONE process, both copies of the target.
 
-    python scripts/bench_cpu_layout.py [--target smollm2-135m] [--context 300] [--reps 9] [--out runs/cpu_layout]
-                                       [--max-extra-gib G] [--without KERNEL[,KERNEL]]...
+    draftsmith bench cpu-layout [--target smollm2-135m] [--context 300] [--reps 9] [--out runs/cpu_layout]
+                                    [--max-extra-gib G] [--without KERNEL[,KERNEL]]...
 
 Loads the target twice (one copy re-laid out by cpulayout.tune_linears, one untouched) and, interleaving the copies,
 times a forward of n = 1..16 new tokens after a `--context`-token KV cache (median of --reps), then plain greedy
@@ -37,8 +37,7 @@ def forward_ms(model, cache_len: int, n: int, cache, gen: torch.Generator) -> fl
     return dt * 1e3
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--context", type=int, default=300)
     p.add_argument("--reps", type=int, default=9)
@@ -54,15 +53,21 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KERNEL[,KERNEL]",
         help="also time a copy tuned without these kernels (repeatable)",
     )
-    a = p.parse_args(argv)
+
+
+def command(a: argparse.Namespace) -> int:
+    from draftsmith.errors import DraftsmithError
+
     if a.max_extra_gib is not None and not a.max_extra_gib >= 0:
-        p.error(f"--max-extra-gib {a.max_extra_gib} is not a size; pass 0 (no copies) or more GiB")
+        raise DraftsmithError(
+            f"--max-extra-gib {a.max_extra_gib} is not a size; pass 0 (no copies) or more GiB"
+        )
     from draftsmith.cpulayout import KERNELS, describe, tune_linears
 
     withouts = [frozenset(k.strip() for k in w.split(",") if k.strip()) for w in a.without]
     for w in withouts:
         if not w or not w <= set(KERNELS) - {"row"}:
-            p.error(
+            raise DraftsmithError(
                 f"--without {','.join(sorted(w))!r}: name kernels of {', '.join(sorted(set(KERNELS) - {'row'}))}"
             )
     from transformers import DynamicCache
@@ -148,7 +153,3 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("(matplotlib not installed: no plot)")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -2,8 +2,8 @@
 final/? Then training tokens/s per engine on the embedded target, 2 processes as a ratio to 1 process, and the
 Lightning engine's tokens/s as a ratio to accelerate's on the same runs.
 
-    flock /tmp/coord/heavy.lock .venv/bin/python scripts/bench_engines.py [--part matrix|speed|lightning|all] [--steps 8]
-    .venv/bin/python scripts/bench_engines.py --part lightning --tiny --steps 3    # a check that it runs (no timing)
+    flock /tmp/coord/heavy.lock draftsmith bench engines [--part matrix|speed|lightning|all] [--steps 8]
+    draftsmith bench engines --part lightning --tiny --steps 3    # a check that it runs (no timing)
 
 matrix: tiny random models (draftsmith.testing), 4 steps; the 2-process run (accelerate's engines and Lightning's
 DDP) stops at step 2 (checkpoint) and is resumed to step 4 with --resume; its per-step losses are compared with one
@@ -24,7 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from draftsmith.app.bench.runs import ROOT
+
 ACCEL = ROOT / "recipes" / "accelerate"
 TRAINERS = ("distill", "eagle3", "medusa2")
 CONFIGS = {
@@ -221,14 +222,15 @@ def lightning_speed(root: Path, steps: int, tiny: bool = False) -> list[str]:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--part", choices=["matrix", "speed", "lightning", "all"], default="all")
     ap.add_argument(
         "--steps", type=int, default=8, help="speed: optimizer steps per run (the first is not timed)"
     )
     ap.add_argument("--tiny", action="store_true", help="speed parts on the tiny random target (no timing)")
-    a = ap.parse_args()
+
+
+def command(a: argparse.Namespace) -> int:
     (ROOT / "runs").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=ROOT / "runs") as tmp:
         if a.part in ("speed", "all"):
@@ -237,7 +239,4 @@ def main() -> None:
             print("\n".join(lightning_speed(Path(tmp), a.steps, a.tiny)), flush=True)
         if a.part in ("matrix", "all"):
             print("\n".join(matrix(Path(tmp))))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,6 +1,6 @@
-"""`draftsmith bench-engine`: plain and speculative decoding measured inside llama.cpp, beside draftsmith's decoder.
+"""`draftsmith bench engine`: plain and speculative decoding measured inside llama.cpp, beside draftsmith's decoder.
 
-    draftsmith bench-engine --target qwen2.5-coder-1.5b --drafter draft:qwen2.5-coder-0.5b --drafter ngram-simple \\
+    draftsmith bench engine --target qwen2.5-coder-1.5b --drafter draft:qwen2.5-coder-0.5b --drafter ngram-simple \\
         --prompts shared:dev-eval --limit 8 --max-new-tokens 128 --k 3 --out results/engine
 
 One llama-server per method (plain, then one per drafter) on the same target GGUF, all started before the first
@@ -424,7 +424,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="folder for engine.json and engine.md (must not hold them already)")
 
 
-def run(args: argparse.Namespace) -> int:
+def command(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and any((out / f).exists() for f in (RESULT_FILE, "engine.md")):
         raise DraftsmithError(f"{out} already holds {RESULT_FILE}; choose another --out")

@@ -2,8 +2,11 @@
 
 Two halves, run by scripts/check_engine_loaders.sh (which also builds the side venv):
 
-    .venv/bin/python scripts/check_engine_loaders.py export DIR       # draftsmith venv: tiny target + drafters
-    /tmp/specvenv/bin/python scripts/check_engine_loaders.py load DIR  # side venv with speculators, no draftsmith
+    draftsmith bench engine-loaders export DIR      # draftsmith venv: tiny target + drafters
+    PYTHONPATH=. /tmp/specvenv/bin/python -m draftsmith.app.bench.engine_loaders load DIR   # side venv: speculators
+
+The load half runs where draftsmith is not installed (speculators' own venv, its own transformers): it imports nothing
+of draftsmith's beyond this module's package, and runs as `python -m` from the checkout for that reason.
 
 `export` saves, for each tiny architecture (DIR/llama, DIR/qwen2: q/k/v biases, tied embeddings, padded
 vocabulary), a 4-layer target, a reduced-vocab DFlash drafter, a full-vocab (frozen head) DFlash drafter and a
@@ -17,6 +20,7 @@ draftsmith's logits on the recorded inputs. Not part of the test suite: it needs
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -224,9 +228,23 @@ def _load_arch(root: Path) -> list[str]:
     return failures
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("export", "load"):
-        sys.exit("usage: check_engine_loaders.py export|load DIR")
-    root = Path(sys.argv[2]).resolve()
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "half", choices=("export", "load"), help="export: draftsmith's venv; load: speculators' venv"
+    )
+    ap.add_argument("dir", type=Path, help="the folder the export half writes and the load half reads")
+
+
+def command(args: argparse.Namespace) -> int:
+    root = args.dir.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    sys.exit(export(root) if sys.argv[1] == "export" else load(root))
+    if args.half == "export":
+        export(root)
+        return 0
+    return load(root)
+
+
+if __name__ == "__main__":  # the load half, in a venv without draftsmith installed (see the docstring)
+    ap = argparse.ArgumentParser(prog="python -m draftsmith.app.bench.engine_loaders")
+    add_arguments(ap)
+    sys.exit(command(ap.parse_args()))

@@ -3,12 +3,12 @@
 A run is `done` once its final/ folder holds a config.json, `resume` once its folder holds a run (run.yaml, a step
 checkpoint or metrics: a run stopped before its first checkpoint restarts at step 0 under --resume), `new` otherwise;
 `run()` trains a new run, resumes an unfinished one (the trainer's own --resume) and leaves a finished one alone, so
-rerunning the calling script after a stop (or kill -9) continues where it was. Recipes are validated strictly (every
-override) before anything runs. Used by scripts/loss_ablation.py and scripts/showcase.py.
+rerunning the calling command after a stop (or kill -9) continues where it was. Recipes are validated strictly (every
+override) before anything runs. Used by `draftsmith bench loss-ablation` and `draftsmith bench showcase`.
 
 Exit statuses, as draftsmith's own commands: bad input (a `DraftsmithError`, raised before anything is written) is
-one `error: ...` line and status 2 (`guarded`); a training or bench step that fails at run time is one line and
-status 1 (`SystemExit`).
+one `error: ...` line and status 2 (the CLI prints it); a training or bench step that fails at run time is one line
+and status 1 (`SystemExit`).
 """
 
 from __future__ import annotations
@@ -16,23 +16,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
+"""The checkout: the recipes/ and train/ entry scripts the runs launch live there, not in the installed package."""
 SCRIPTS = {"distill": "train/distill.py", "heads": "train/heads.py"}
-
-
-def guarded(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
-    """`main(argv)`, with bad input (a DraftsmithError) printed as one `error: ...` line and returned as status 2."""
-    try:
-        return main(argv)
-    except DraftsmithError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
 
 
 def config_class(trainer: str):

@@ -8,7 +8,7 @@ near-ties that flip between the batched eval and the step-by-step decoder. The t
 on held-out training answers; the gap between it and a decoder run on other prompts is then the prompts, which
 this script separates from the estimator.
 
-    python scripts/predicted_vs_decoded.py --target qwen2.5-coder-1.5b --head runs/eagle3/final \
+    draftsmith bench predicted-vs-decoded --target qwen2.5-coder-1.5b --head runs/eagle3/final \
         --prompts builtin:dev-eval --limit 8 --k 3 --max-new-tokens 64 [--json out.json]
 
 Heads of the kinds whose held-out eval walks rounds (EAGLE-1, EAGLE-3, P-EAGLE). Bad input: one line, exit 2.
@@ -27,8 +27,7 @@ from draftsmith.errors import DraftsmithError
 WALKED = ("eagle", "eagle3", "peagle")
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--target", required=True, help="the target the head was trained for (name, folder or .gguf)"
     )
@@ -38,7 +37,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here (a new file)")
-    args = ap.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> argparse.Namespace:
+    """The arguments' values, checked before anything loads (one DraftsmithError line)."""
     if args.k < 1 or args.limit < 1 or args.max_new_tokens < 2:
         raise DraftsmithError("--k and --limit must be >= 1 and --max-new-tokens >= 2")
     if args.json is not None and args.json.exists():
@@ -65,9 +67,9 @@ def check_head(path: Path) -> str:
     return kind
 
 
-def main(argv: list[str] | None = None) -> int:
+def command(args: argparse.Namespace) -> int:
     try:
-        args = parse(argv)
+        check(args)
         kind = check_head(args.head)
         from draftsmith.prompts import load_prompts
 
@@ -134,7 +136,3 @@ def main(argv: list[str] | None = None) -> int:
                                "dtype": str(target.dtype), "date": time.strftime("%Y-%m-%d"),
                                "decoded_tau": decoded, "predicted_tau": predicted, "rows": rows})  # fmt: skip
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
