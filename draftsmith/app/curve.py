@@ -2,7 +2,7 @@
 beside a reference drafter measured in the same decoding run.
 
     python train/heads.py --config recipes/data-engine/heads-qwen2.5-coder-1.5b-eagle3-1m.yaml
-    python scripts/bench_drafters.py --target qwen2.5-coder-1.5b --prompts builtin:dev-eval \
+    draftsmith bench drafters --target qwen2.5-coder-1.5b --prompts builtin:dev-eval \
         --drafter step-0000070=eagle:RUN/snapshots/step-0000070@3 ... --drafter final=eagle:RUN/final@3 \
         --drafter 0.5b=draft:qwen2.5-coder-0.5b,vocab=32k,bits=4,compile=1@5 --out RUN/bench
     draftsmith curve RUN --bench RUN/bench/bench.json --reference 0.5b --out RUN/curve
@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
             bench = json.loads(Path(args.bench).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise DraftsmithError(
-                f"--bench {args.bench} is not a readable bench.json ({e}); pass bench_drafters' output"
+                f"--bench {args.bench} is not a readable bench.json ({e}); pass draftsmith bench drafters' output"
             ) from None
         names = sorted(bench.get("drafters", {})) if isinstance(bench, dict) else []
         if args.reference is not None and args.reference not in names:
