@@ -165,3 +165,34 @@ def test_a_readme_without_its_generated_block_is_refused(checkout, capsys):
     assert main(["results", "--root", str(checkout)]) == 2
     assert "generated: results" in capsys.readouterr().err
     assert _snapshot(checkout) == before
+
+
+def _code(text: str) -> list[str]:
+    """The code in a page: backtick spans and indented blocks (prose may say 'draftsmith reports ...')."""
+    return re.findall(r"`([^`\n]+)`", text) + re.findall(r"(?m)^    (\S.*)$", text)
+
+
+def test_the_user_docs_name_commands_and_scripts_that_exist():
+    """README.md and docs/*.md (not the notes: they keep each command as it ran at its commit)."""
+    import importlib
+    import importlib.util
+
+    from draftsmith.app.cli import COMMANDS
+
+    bad = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for code in _code(doc.read_text()):
+            for path in re.findall(r"\bscripts/[\w./-]*\w", code):
+                if not (ROOT / path).exists():
+                    bad.append(f"{doc.name}: {path} does not exist")
+            for name, sub in re.findall(r"\bdraftsmith ([a-z][\w-]*)(?: ([a-z][\w-]*))?", code):
+                if name not in COMMANDS:
+                    bad.append(f"{doc.name}: draftsmith {name} is no command")
+                elif name == "bench" and sub:
+                    table = importlib.import_module(COMMANDS["bench"][0]).SUBCOMMANDS
+                    if sub not in table:
+                        bad.append(f"{doc.name}: draftsmith bench {sub} is no bench subcommand")
+            for module in re.findall(r"python -m (draftsmith[\w.]*)", code):
+                if importlib.util.find_spec(module) is None:
+                    bad.append(f"{doc.name}: {module} is no module")
+    assert not bad, "\n".join(bad)
