@@ -10,6 +10,8 @@ T = 1 then; greedy acceptance is what `draftsmith.distill.metrics` reports).
     tvd             1/2 sum |p - q|  = 1 - alpha                the acceptance gap itself
     neg_log_accept  -log alpha,      alpha = sum min(p, q)      ("LK" loss)
     lk              lam KL(p || q) + (1 - lam) TVD,  lam = exp(-3 alpha) (detached)   ("LK" loss)
+    soft_ce         -sum p log q  = KL(p || q) + H(p)          the heads' native loss (EAGLE-3); not a divergence:
+                                                                 its value at q = p is H(p), its gradient fkl's
 
 JSD endpoint convention (the one DistillSpec/GKD use): JSD(beta) -> 0 at both beta = 0 and beta = 1, and
     JSD(beta) / beta        -> KL(p || q)  as beta -> 0   (FKL-like)
@@ -21,7 +23,9 @@ Reduced draft vocabulary (`vocab_ids` [V_d], sorted target ids of the draft's ou
 vocab_ids. KL-type losses (fkl, rkl, jsd and the KL term of lk) use p restricted to vocab_ids and renormalised
 (EAGLE-3 convention; KL(p || q) with the full p would be infinite). Acceptance-type losses (tvd, neg_log_accept and
 the TVD term / lambda of lk) use the exact full-vocabulary p, so alpha = sum_{x in V_d} min(p(x), q(x)) is the true
-acceptance rate and the out-of-vocabulary target mass counts fully towards TVD.
+acceptance rate and the out-of-vocabulary target mass counts fully towards TVD. The KL-type losses and soft_ce read
+the target at the draft's ids only, so their callers may pass just those columns ([n, V_d], the cheaper product
+through the draft vocabulary's rows of the lm_head); `LOSSES[kind].full_target` says which losses need [n, V].
 
 Memory: rows are processed `chunk_size` at a time under `torch.utils.checkpoint`, so at most chunk_size x V fp32
 intermediates are alive at once, in the forward and in the backward pass.
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -45,6 +50,8 @@ from torch.utils.checkpoint import checkpoint
 from draftsmith.errors import DraftsmithError
 
 DivergenceKind = Literal["fkl", "rkl", "jsd", "tvd", "neg_log_accept", "lk"]
+LossKind = Literal["soft_ce", DivergenceKind]
+"""Every entry of LOSSES: the divergences and soft_ce (what a heads recipe's loss.kind takes)."""
 
 # below this, -log(alpha) is clamped: a draft with zero overlap has no useful gradient anyway
 _MIN_ALPHA = 1e-12
@@ -119,16 +126,47 @@ def _lk(t, d, vocab_ids, beta):
     return lam * _fkl(t, d, vocab_ids, beta) + (1.0 - lam) * tvd
 
 
+def _soft_ce(t, d, vocab_ids, beta):
+    # p restricted to the draft's ids and renormalised, as fkl: KL(p || q) + H(p), the same gradient
+    return -(_target_logp_restricted(t, vocab_ids).exp() * F.log_softmax(d, dim=-1)).sum(-1)
+
+
 _RowLoss = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", float], torch.Tensor]
 
-LOSSES: dict[str, _RowLoss] = {
-    "fkl": _fkl,
-    "rkl": _rkl,
-    "jsd": _jsd,
-    "tvd": _tvd,
-    "neg_log_accept": _neg_log_accept,
-    "lk": _lk,
+
+@dataclass(frozen=True)
+class Loss:
+    """One entry of LOSSES: the per-row loss and what it reads of the target."""
+
+    rows: _RowLoss
+    """(target logits [n, V] (or [n, V_d] where full_target is False), draft logits [n, V_d], vocab_ids or None,
+    beta) -> per-row loss [n], at the temperature already applied."""
+    full_target: bool
+    """It reads the target's probability outside the draft's ids (the acceptance-type losses): the caller passes
+    the target's logits over its full vocabulary. False: only the target's logits at the draft's ids matter."""
+    divergence: bool = True
+    """Zero exactly when the draft equals the target (soft_ce is a cross-entropy: H(p) there)."""
+
+    def __call__(self, t, d, vocab_ids, beta) -> torch.Tensor:
+        return self.rows(t, d, vocab_ids, beta)
+
+
+LOSSES: dict[str, Loss] = {
+    "fkl": Loss(_fkl, full_target=False),
+    "rkl": Loss(_rkl, full_target=False),
+    "jsd": Loss(_jsd, full_target=False),
+    "tvd": Loss(_tvd, full_target=True),
+    "neg_log_accept": Loss(_neg_log_accept, full_target=True),
+    "lk": Loss(_lk, full_target=True),
+    "soft_ce": Loss(_soft_ce, full_target=False, divergence=False),
 }
+
+
+def loss_entry(kind: str) -> Loss:
+    """LOSSES[kind], or one DraftsmithError line naming the valid kinds."""
+    if kind not in LOSSES:
+        raise DraftsmithError(f"unknown divergence {kind!r}; choose one of {', '.join(LOSSES)}")
+    return LOSSES[kind]
 
 
 def _chunk_sum(
@@ -197,12 +235,12 @@ def divergence(
     """Mean per-token divergence D(p || q) over unmasked tokens -> scalar (float32).
 
     target_logits [N, V] (or [..., V]; treated as constants), draft_logits [N, V], or [N, V_d] with `vocab_ids`
-    [V_d] the sorted target ids of the draft's rows; mask [N] bool or 0/1 (None = every token). `temperature` is
-    the decode temperature (0 is treated as 1). `beta` is the JSD weight, in (0, 1). Returns 0 (still attached to
-    the graph) when no token is unmasked.
+    [V_d] the sorted target ids of the draft's rows; for a loss that reads the draft's ids only
+    (not LOSSES[kind].full_target) target_logits may be those columns alone, [N, V_d]. mask [N] bool or 0/1
+    (None = every token). `temperature` is the decode temperature (0 is treated as 1). `beta` is the JSD weight, in
+    (0, 1). Returns 0 (still attached to the graph) when no token is unmasked.
     """
-    if kind not in LOSSES:
-        raise DraftsmithError(f"unknown divergence {kind!r}; choose one of {', '.join(LOSSES)}")
+    loss_fn = loss_entry(kind)
     if kind == "jsd" and not 0.0 < beta < 1.0:
         raise DraftsmithError(
             f"jsd beta must be in (0, 1), got {beta}; for the endpoints use kind='fkl' (beta->0) or 'rkl' (beta->1)"
@@ -213,6 +251,14 @@ def divergence(
         raise DraftsmithError(f"chunk_size must be >= 1, got {chunk_size}")
     temperature = 1.0 if temperature == 0 else float(temperature)
 
+    if vocab_ids is not None and target_logits.shape[-1] == vocab_ids.numel():
+        # the target's logits at the draft's ids already (or vocab_ids is every id, the same thing)
+        if loss_fn.full_target and int(vocab_ids[-1]) >= vocab_ids.numel():
+            raise DraftsmithError(
+                f"{kind} reads the target's mass outside the draft's {vocab_ids.numel()} ids; pass the target's "
+                "logits over its full vocabulary"
+            )
+        vocab_ids = None
     target_logits, draft_logits, rows, vocab_ids = flatten_pair(
         target_logits.detach(), draft_logits, mask, vocab_ids
     )
@@ -220,7 +266,6 @@ def divergence(
     if n_tokens == 0:
         return draft_logits.sum().float() * 0.0
 
-    loss_fn = LOSSES[kind]
     use_ckpt = torch.is_grad_enabled() and draft_logits.requires_grad
     total = draft_logits.new_zeros((), dtype=torch.float32)
     for start in range(0, n_tokens, chunk_size):

@@ -13,12 +13,13 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from draftsmith import divergences
 from draftsmith.acceptance import rounds_along_text, tau_from_conditional
 from draftsmith.checkpoint import read_json
 from draftsmith.errors import DraftsmithError
@@ -27,8 +28,8 @@ from draftsmith.modeling import base_decoder, embedding_fingerprint, fingerprint
 
 log = logging.getLogger(__name__)
 
-LossKind = Literal["soft_ce", "fkl", "rkl", "jsd", "tvd", "neg_log_accept", "lk"]
-"""A head's per-step loss: soft CE against the target's distribution (native) or a draftsmith divergence."""
+LossKind = divergences.LossKind
+"""A head's per-step loss: an entry of draftsmith.divergences.LOSSES (soft_ce, the native one, or a divergence)."""
 
 
 def target_fingerprint(model) -> list[float]:

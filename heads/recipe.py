@@ -96,7 +96,7 @@ class CommonLossFields:
     decay: float = 0.8
     """Weight decay^i of unroll step i (EAGLE-3) or head i (Medusa)."""
     temperature: float = 1.0
-    """Decode temperature the divergence losses target (0 treated as 1)."""
+    """Decode temperature the loss takes both distributions at, soft_ce included (0 treated as 1)."""
     beta: float = 0.5
     """JSD beta."""
 

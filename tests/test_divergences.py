@@ -35,6 +35,8 @@ def _reference(kind, target_logits, draft_logits, beta=0.5, temperature=1.0):
         alpha = torch.minimum(p, q).sum(-1)
         lam = torch.exp(-3 * alpha)
         per = lam * kl(p, q) + (1 - lam) * 0.5 * (p - q).abs().sum(-1)
+    elif kind == "soft_ce":
+        per = -(p * q.log()).sum(-1)
     return per.mean()
 
 
@@ -51,9 +53,35 @@ def test_matches_reference_formula(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_zero_on_equal_and_nonnegative(kind):
     t = _logits(seed=2)
-    assert divergence(kind, t, t.clone()).abs() < 1e-5
+    # soft_ce is a cross-entropy, not a divergence: at q = p it is the target's entropy H(p)
+    floor = (
+        0.0 if LOSSES[kind].divergence else float(-(F.softmax(t, -1) * F.log_softmax(t, -1)).sum(-1).mean())
+    )
+    assert (divergence(kind, t, t.clone()) - floor).abs() < 1e-5
     for seed in range(3, 8):
-        assert divergence(kind, t, _logits(seed=seed)) > 0
+        assert divergence(kind, t, _logits(seed=seed)) > floor
+
+
+def test_soft_ce_is_fkl_plus_the_target_entropy_with_fkls_gradient():
+    """The heads' native loss as an entry of the table: -sum p log q = KL(p || q) + H(p), p restricted to the
+    draft's ids and renormalised, at the loss temperature; the target's logits may be given at those ids alone."""
+    t, d_reduced, vocab_ids = _reduced_case(seed=3)
+    for temperature in (1.0, 0.7):
+        p_r = F.softmax(t[:, vocab_ids].double() / temperature, -1)
+        entropy = -(p_r * p_r.log()).sum(-1).mean()
+        x, y = d_reduced.clone().requires_grad_(True), d_reduced.clone().requires_grad_(True)
+        ce = divergence("soft_ce", t, x, vocab_ids=vocab_ids, temperature=temperature)
+        fkl = divergence("fkl", t, y, vocab_ids=vocab_ids, temperature=temperature)
+        assert torch.allclose(ce.double(), fkl.double() + entropy, atol=1e-5)
+        ce.backward()
+        fkl.backward()
+        assert torch.allclose(x.grad, y.grad, atol=1e-7)
+        on_ids = divergence(
+            "soft_ce", t[:, vocab_ids], d_reduced, vocab_ids=vocab_ids, temperature=temperature
+        )
+        assert torch.allclose(on_ids, ce.detach(), atol=1e-6)
+    with pytest.raises(DraftsmithError, match="full vocabulary"):  # an acceptance loss needs the mass outside
+        divergence("tvd", t[:, vocab_ids], d_reduced, vocab_ids=vocab_ids)
 
 
 def test_temperature_zero_is_treated_as_one():

@@ -2,9 +2,9 @@
 
 Both score, at a draft position, exactly the logits the proposer computes there at decode time: the forward
 functions below (dflash_forward, peagle_forward) are the decode-time forward with many drafts batched behind one
-attention mask. Labels are the frozen target's distributions (self-distillation), restricted to the draft vocabulary
-and renormalised for soft_ce, or any draftsmith divergence (fkl rkl jsd tvd neg_log_accept lk: the acceptance-tied
-ones) against the full target distribution.
+attention mask. Labels are the frozen target's distributions (self-distillation), scored by an entry of
+draftsmith.divergences.LOSSES: soft_ce and the KL-type ones against the target restricted to the draft vocabulary
+and renormalised, the acceptance-tied ones (tvd neg_log_accept lk) against the full target distribution.
 
 DFlash (notation: ids x_0..x_{T-1}, f_s = target final state at s, whose logits predict x_{s+1}): a block anchored
 at a (the token the target just emitted) sees context rows s < a; block row j predicts x_{a+j}, label = the target
@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from draftsmith.divergences import divergence, loss_entry
 from draftsmith.heads.block.dflash import DFlashDrafter
 from draftsmith.heads.block.peagle import PEagleHead
 from draftsmith.heads.common import DepthAcceptance, shift_left
@@ -95,20 +96,14 @@ def position_terms(
     """One draft position over N rows. draft_logits [N, V_d]; tgt_rows [N, H] target final states whose logits are the
     labels; lm_weight [V, H]. Returns (mean loss, draft argmax [N] target ids, target argmax [N])."""
     dtype = draft_logits.dtype
+    full_target = loss_entry(loss).full_target  # soft_ce and the KL-type losses read the draft's ids only
     with torch.no_grad():
         w_d = lm_weight[vocab_ids].to(dtype)
         t_d = F.linear(tgt_rows.to(dtype), w_d)
-        full = F.linear(tgt_rows.to(dtype), lm_weight.to(dtype)) if (exact or loss != "soft_ce") else None
+        full = F.linear(tgt_rows.to(dtype), lm_weight.to(dtype)) if (exact or full_target) else None
         tgt_top = full.argmax(-1) if exact else vocab_ids[t_d.argmax(-1)]
-    if loss == "soft_ce":
-        p = torch.softmax(t_d.float(), -1)
-        li = -(p * torch.log_softmax(draft_logits.float(), -1)).sum(-1).mean()
-    else:
-        from draftsmith.divergences import divergence
-
-        li = divergence(
-            loss, full.float(), draft_logits, temperature=temperature, beta=beta, vocab_ids=vocab_ids
-        )
+    labels = (full if full_target else t_d).float()
+    li = divergence(loss, labels, draft_logits, temperature=temperature, beta=beta, vocab_ids=vocab_ids)
     return li, vocab_ids[draft_logits.detach().argmax(-1)], tgt_top
 
 

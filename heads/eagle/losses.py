@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from draftsmith.divergences import divergence
+from draftsmith.divergences import divergence, loss_entry
 from draftsmith.heads.common import DepthAcceptance, shift_left
 from draftsmith.heads.eagle.model import EagleHead
 from draftsmith.modeling import base_decoder, output_head
@@ -109,19 +109,21 @@ def eagle3_loss(
     vocab_ids = head.vocab_ids
     # gather before casting: a full [V, H] copy of a bf16 target's tables per batch costs ~5% of a CPU step
     w_d = lm_weight[vocab_ids].to(dtype)
-    lm_full = lm_weight.to(dtype) if (exact_acceptance or cfg.kind != "soft_ce") else None
-    # the labels of every unroll step are the same target rows, shifted: compute them once per batch
+    # soft_ce and the KL-type losses read the target at the draft's ids only: its [N, V_d] logits, computed once per
+    # batch (the labels of every unroll step are the same rows, shifted); the acceptance-type ones read all of V
+    full_target = loss_entry(cfg.kind).full_target
+    lm_full = lm_weight.to(dtype) if (exact_acceptance or full_target) else None
     any_valid = shift_left(loss_mask, 1).bool()  # rows t whose distribution predicts a trained token
     with torch.no_grad():
         tgt_top = torch.zeros(b, t, dtype=torch.long, device=input_ids.device)
         draft_vocab_logits = F.linear(last[any_valid], w_d)
         if exact_acceptance:
             tgt_top[any_valid] = F.linear(last[any_valid], lm_full).argmax(-1)
-        else:  # one [N, V_d] product serves the argmax and the soft labels
+        else:  # one [N, V_d] product serves the argmax and the labels
             tgt_top[any_valid] = vocab_ids[draft_vocab_logits.argmax(-1)]
-        if cfg.kind == "soft_ce":  # p restricted to V_d, renormalised
-            tgt_probs = torch.zeros(b, t, w_d.shape[0], dtype=torch.float32, device=input_ids.device)
-            tgt_probs[any_valid] = torch.softmax(draft_vocab_logits.float(), -1)
+        if not full_target:
+            tgt_logits = torch.zeros(b, t, w_d.shape[0], dtype=torch.float32, device=input_ids.device)
+            tgt_logits[any_valid] = draft_vocab_logits.float()
     total = last.new_zeros((), dtype=torch.float32)
     acceptance = DepthAcceptance((b, t), input_ids.device, walk=exact_acceptance)
     steps = ttt_steps or cfg.ttt_steps
@@ -130,15 +132,15 @@ def eagle3_loss(
         if not valid.any():
             break
         draft_logits = head.logits(out[valid])  # [n, V_d]
-        if cfg.kind == "soft_ce":
-            p = shift_left(tgt_probs, 1 + i)[valid]
-            li = -(p * torch.log_softmax(draft_logits.float(), -1)).sum(-1).mean()
-        else:
-            with torch.no_grad():
-                full = F.linear(shift_left(last, 1 + i)[valid], lm_full).float()
-            li = divergence(
-                cfg.kind, full, draft_logits, temperature=cfg.temperature, beta=cfg.beta, vocab_ids=vocab_ids
+        with torch.no_grad():
+            labels = (
+                F.linear(shift_left(last, 1 + i)[valid], lm_full).float()
+                if full_target
+                else shift_left(tgt_logits, 1 + i)[valid]
             )
+        li = divergence(
+            cfg.kind, labels, draft_logits, temperature=cfg.temperature, beta=cfg.beta, vocab_ids=vocab_ids
+        )
         total = total + cfg.decay**i * li
         acceptance.metrics[f"loss_{i}"] = float(li.detach())
         acceptance.update(i, valid, vocab_ids[draft_logits.argmax(-1)], shift_left(tgt_top, 1 + i)[valid])

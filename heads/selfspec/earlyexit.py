@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.divergences import divergence, loss_entry
 from draftsmith.errors import DraftsmithError
 from draftsmith.heads.common import shift_left, target_info
 from draftsmith.heads.layers import MLP, Attention, LayerShape, RMSNorm, llama_shape, rope_cos_sin
@@ -132,8 +133,8 @@ def earlyexit_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of the adapter against the frozen target's distribution at the same position. lm_weight [V, H] (the
     target head, never trained); feats: heads.hidden features ("aux" holding layer L, "last" [B, T, H] the
-    final normed state); attention_mask/loss_mask [B, T]. loss: soft_ce (p restricted to the draft vocabulary)
-    or a draftsmith.divergences kind (tvd, neg_log_accept, lk ... on the full target distribution).
+    final normed state); attention_mask/loss_mask [B, T]. loss: a draftsmith.divergences.LOSSES kind (soft_ce
+    and the KL-type ones on p restricted to the draft vocabulary; tvd, neg_log_accept, lk on the full target).
     Metrics: acc_i = greedy acceptance at chain depth i+1 conditional on the shallower depths (teacher-forced
     along the data), tau_sim. exact_acceptance: compare with the target argmax over the full vocabulary."""
     from draftsmith.acceptance import tau_from_conditional
@@ -158,16 +159,9 @@ def earlyexit_loss(
     w_d = lm_weight[adapter.vocab_ids].to(dtype)
     d_logits = adapter.logits(out, w_d)  # [n, V_d]
     tgt = last[valid]
-    if loss == "soft_ce":
-        with torch.no_grad():
-            p = torch.softmax(F.linear(tgt, w_d).float(), -1)
-        li = -(p * torch.log_softmax(d_logits.float(), -1)).sum(-1).mean()
-    else:
-        from draftsmith.divergences import divergence
-
-        with torch.no_grad():
-            full = F.linear(tgt, lm_weight.to(dtype)).float()
-        li = divergence(loss, full, d_logits, temperature=temperature, beta=beta, vocab_ids=adapter.vocab_ids)
+    with torch.no_grad():  # soft_ce and the KL-type losses read the target at the draft's ids only
+        labels = F.linear(tgt, lm_weight.to(dtype) if loss_entry(loss).full_target else w_d).float()
+    li = divergence(loss, labels, d_logits, temperature=temperature, beta=beta, vocab_ids=adapter.vocab_ids)
     with torch.no_grad():
         d_top = adapter.vocab_ids[d_logits.argmax(-1)]
         if exact_acceptance:
