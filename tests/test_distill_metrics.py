@@ -180,36 +180,30 @@ def test_tau_if_sure_turns_the_misses_at_a_confident_target_into_hits():
 
 
 def test_distill_summary_prints_top1_by_margin():
-    import importlib.util
-    from pathlib import Path
-
+    from draftsmith.app.train import distill_summary
     from draftsmith.distill.recipe import DistillConfig
 
-    path = Path(__file__).resolve().parents[1] / "train" / "distill.py"
-    spec = importlib.util.spec_from_file_location("distill_entry", path)
-    entry = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(entry)
     bins = {
         "0-0.2": {"top1": 0.4, "n": 10},
         "0.2-0.4": {"top1": None, "n": 0},
         "0.7-1": {"top1": 0.96, "n": 50},
     }
     held = {"alpha": 0.8, "top1": 0.83, "tau_k4": 3.4, "top1_by_margin": bins}
-    text = entry.summary(DistillConfig(), {"step": 5, "eval": {"heldout": held}, "final_dir": "out/final"})
+    text = distill_summary(DistillConfig(), {"step": 5, "eval": {"heldout": held}, "final_dir": "out/final"})
     assert text.splitlines()[1].endswith("p1 - p2: 0-0.2 0.400 (10), 0.7-1 0.960 (50)")
     assert len(text.splitlines()) == 2  # no walked rounds: no ceiling line
     held["tau_greedy"] = {4: 3.3}
     held["tau_greedy_if_sure"] = {"0.2": {4: 4.1}, "0.4": {4: 3.7}, "0.7": {4: 3.5}}
-    text = entry.summary(DistillConfig(), {"step": 5, "eval": {"heldout": held}, "final_dir": "out/final"})
+    text = distill_summary(DistillConfig(), {"step": 5, "eval": {"heldout": held}, "final_dir": "out/final"})
     assert text.splitlines()[2].endswith(
         "3.30; with the misses at a target margin >= 0.7 / 0.4 / 0.2 made hits: 3.50 / 3.70 / 4.10"
     )
     del held["top1_by_margin"], held["tau_greedy_if_sure"]
-    assert "\n" not in entry.summary(
+    assert "\n" not in distill_summary(
         DistillConfig(), {"step": 5, "eval": {"heldout": held}, "final_dir": "x"}
     )
     seen = {"top1": 0.871, "tau_greedy": {4: 3.72}, "n_examples": 32}
-    text = entry.summary(
+    text = distill_summary(
         DistillConfig(), {"step": 5, "eval": {"heldout": held, "train_sample": seen}, "final_dir": "x"}
     )
     assert text.splitlines()[1] == (

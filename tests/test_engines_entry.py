@@ -4,7 +4,6 @@ and the recipe -> DeepSpeed config mapping."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,17 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from draftsmith.app.train import MAINS
 from draftsmith.config import load_config
 from draftsmith.errors import DraftsmithError
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"train_{name}", ROOT / "train" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -88,12 +81,12 @@ def test_bad_recipe_is_one_line_status_2_and_writes_nothing(
 ):
     out = tmp_path / "run"
     ov = (distill_ov if script == "distill" else heads_ov)(tiny_dirs, gen_dir, out)
-    assert _script(script).main(["--no-progress", *ov, bad]) == 2
+    assert MAINS[script](["--no-progress", *ov, bad]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and message in err[-1], err
     assert not out.exists()  # no run.yaml to block the corrected rerun
     # the corrected rerun then just works
-    assert _script(script).main(["--no-progress", *ov]) == 0
+    assert MAINS[script](["--no-progress", *ov]) == 0
 
 
 @pytest.mark.parametrize("script", ["distill", "heads"])
@@ -105,7 +98,7 @@ def test_two_identical_runs_are_identical_from_step_1(script, tiny_dirs, gen_dir
     runs = []
     for i, name in enumerate(("a", "b")):
         torch.manual_seed(1000 + i)  # whatever ran before in this process must not matter
-        assert _script(script).main(["--no-progress", *ov(tiny_dirs, gen_dir, tmp_path / name)]) == 0
+        assert MAINS[script](["--no-progress", *ov(tiny_dirs, gen_dir, tmp_path / name)]) == 0
         events = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         runs.append(([e for e in events if e["event"] == "train"][0]["loss"], tmp_path / name / "final"))
     assert runs[0][0] == runs[1][0]

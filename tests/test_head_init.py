@@ -3,7 +3,6 @@ and deepest aux state, on both tiny architectures; the heads stay greedy-lossles
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -127,12 +126,11 @@ def test_a_bad_init_is_refused_at_config_validation(tmp_path, capsys):
         load_config(HeadsConfig, None, ["head.init=warm"])
     with pytest.raises(DraftsmithError, match="does not apply to medusa"):
         load_config(HeadsConfig, None, ["head.kind=medusa2", "head.init=target"])
-    spec = importlib.util.spec_from_file_location("train_heads", ROOT / "train" / "heads.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from draftsmith.app.train import heads_main
+
     out = tmp_path / "run"
     recipe = ROOT / "recipes" / "heads-smollm2-135m-eagle3.yaml"
-    assert mod.main(["--config", str(recipe), "head.init=warm", f"output_dir={out}"]) == 2
+    assert heads_main(["--config", str(recipe), "head.init=warm", f"output_dir={out}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "head.init" in err[0]
     assert not out.exists()

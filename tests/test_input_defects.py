@@ -4,18 +4,15 @@ exit status 2, before any model loads, with nothing written. scripts/probe_input
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from draftsmith.app.cli import main
+from draftsmith.app.train import MAINS
 from draftsmith.config import load_config
 from draftsmith.errors import DraftsmithError
 from draftsmith.testing import folder_snapshot, refused_line
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +64,10 @@ def test_unusable_output_path_is_one_line_before_any_work(
 def test_train_output_dir_under_a_file_is_one_line_before_any_work(
     trainer, tiny_dirs, tmp_path, capsys, no_model_loads
 ):
-    spec = importlib.util.spec_from_file_location(f"train_{trainer}", ROOT / "train" / f"{trainer}.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     (tmp_path / "a_file").write_text("not a folder\n")
     before = folder_snapshot(tmp_path)
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'a_file' / 'run'}"]
-    rc = script.main(argv + (["head.kind=medusa"] if trainer == "heads" else []))
+    rc = MAINS[trainer](argv + (["head.kind=medusa"] if trainer == "heads" else []))
     assert "output_dir" in refused_line(capsys, rc, tmp_path, before)
 
 

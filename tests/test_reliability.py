@@ -15,17 +15,9 @@ import pytest
 import torch
 
 from draftsmith.app.cli import main
+from draftsmith.app.train import MAINS
 from draftsmith.errors import DraftsmithError
 from draftsmith.testing import folder_snapshot, refused_line
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"train_{name}", ROOT / "train" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _eval(target: str, *more: str) -> list[str]:
@@ -58,7 +50,7 @@ def heads_run(tiny_dirs, tmp_path_factory):
     """A 2-step Medusa run with a hybrid hidden-state cache and two checkpoints (train/heads.py, in-process)."""
     out = tmp_path_factory.mktemp("heads") / "run"
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={out}", "train.max_steps=2", *HEADS_ARGS]
-    assert _script("heads").main(argv) == 0
+    assert MAINS["heads"](argv) == 0
     return {"out": out, "argv": argv, "target": tiny_dirs["target"]}
 
 
@@ -76,7 +68,7 @@ def test_resume_with_overwrite_is_refused_and_the_run_is_kept(trainer, heads_run
     argv = _resume(heads_run, 4, "--overwrite") if trainer == "heads" else [
         f"model.target={heads_run['target']}", f"output_dir={out}", "--resume", "--overwrite"
     ]  # fmt: skip
-    err = refused_line(capsys, _script(trainer).main(argv), out, before)
+    err = refused_line(capsys, MAINS[trainer](argv), out, before)
     assert "--resume" in err and "--overwrite" in err
     assert (out / "checkpoints").is_dir() and len((out / "metrics.jsonl").read_text().splitlines()) > 1
 
@@ -94,7 +86,7 @@ def test_damaged_checkpoint_is_refused_before_the_target_loads(
     f.write_bytes({"truncated": good[: len(good) // 2], "garbage": b"\x13garbage" * 50, "empty": b""}[damage])
     try:
         before = folder_snapshot(out)
-        err = refused_line(capsys, _script("heads").main(_resume(heads_run, 4)), out, before)
+        err = refused_line(capsys, MAINS["heads"](_resume(heads_run, 4)), out, before)
     finally:
         f.write_bytes(good)
     assert f.parent.name in err and name in err and "delete" in err
@@ -109,7 +101,7 @@ def test_a_damaged_run_file_is_refused_before_the_target_loads(damage, heads_run
     f.write_text("{: not yaml\n" if damage == "run.yaml" else good.replace("\n", "\n\n{torn\n", 1))
     try:
         before = folder_snapshot(out)
-        err = refused_line(capsys, _script("heads").main(_resume(heads_run, 4)), out, before)
+        err = refused_line(capsys, MAINS["heads"](_resume(heads_run, 4)), out, before)
     finally:
         f.write_text(good)
     assert str(f) in err and "--overwrite" in err
@@ -128,18 +120,18 @@ def test_a_cache_folder_that_is_a_file_is_refused_at_once(entry, where, tiny_dir
     if entry == "eval":
         rc = main(["eval", "--target", "smollm2-135m", "--drafter", "ngram:", "--prompts", "builtin:vicuna"])
     else:
-        rc = _script("heads").main(argv)
+        rc = MAINS["heads"](argv)
     assert "DRAFTSMITH_CACHE" in refused_line(capsys, rc, tmp_path, before)
 
 
 def test_truncated_hidden_cache_shard_is_discarded_in_one_line_and_recomputed(tiny_dirs, tmp_path, capsys):
     out = tmp_path / "run"
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={out}", "train.max_steps=2", *HEADS_ARGS]
-    assert _script("heads").main(argv) == 0
+    assert MAINS["heads"](argv) == 0
     shard = next((out / "hidden_cache").glob("shard-*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:100])
     capsys.readouterr()
-    assert _script("heads").main(_resume({"argv": argv}, 4)) == 0  # the trainer logs to stderr (launch)
+    assert MAINS["heads"](_resume({"argv": argv}, 4)) == 0  # the trainer logs to stderr (launch)
     said = [line for line in capsys.readouterr().err.splitlines() if "discarded" in line]
     assert len(said) == 1 and shard.name in said[0] and "computed again" in said[0], said
     index = json.loads((out / "hidden_cache" / "index-rank0.json").read_text())
@@ -190,7 +182,7 @@ def test_hidden_cache_path_is_checked_before_the_target_loads(
     before = folder_snapshot(tmp_path)
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'run'}", "train.max_steps=1"]
     argv += [a for a in HEADS_ARGS if "hidden_states" not in a]
-    rc = _script("heads").main([*argv, "data.hidden_states=offline", f"data.hidden_cache={path}"])
+    rc = MAINS["heads"]([*argv, "data.hidden_states=offline", f"data.hidden_cache={path}"])
     err = refused_line(capsys, rc, tmp_path, before)
     assert "data.hidden_cache" in err
 
@@ -205,7 +197,7 @@ def test_max_length_beyond_the_context_is_refused_before_the_target_loads(
         argv += [a for a in HEADS_ARGS if "max_length" not in a]
     else:
         argv += ["data.source=[builtin:train-text]", "data.policy=fixed", "data.limit=8", "data.eval_size=2"]
-    err = refused_line(capsys, _script(trainer).main([*argv, "data.max_length=1024"]), tmp_path, before)
+    err = refused_line(capsys, MAINS[trainer]([*argv, "data.max_length=1024"]), tmp_path, before)
     assert "data.max_length=1024" in err and "512" in err
 
 
@@ -217,7 +209,7 @@ def test_a_heads_data_record_without_its_response_is_refused_before_the_target_l
     before = folder_snapshot(tmp_path)
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'run'}", "train.max_steps=1"]
     argv += [a for a in HEADS_ARGS if "data.source" not in a] + [f"data.source={pairs}"]
-    err = refused_line(capsys, _script("heads").main(argv), tmp_path, before)
+    err = refused_line(capsys, MAINS["heads"](argv), tmp_path, before)
     assert "record 2 has no response" in err and "line 3 of the file" in err
 
 
@@ -227,7 +219,7 @@ def test_a_bad_cpu_layout_switch_is_refused_by_the_trainers(trainer, tiny_dirs, 
     monkeypatch.setenv("DRAFTSMITH_CPU_LAYOUT", "garbage")
     before = folder_snapshot(tmp_path)
     argv = [f"model.target={tiny_dirs['target']}", f"output_dir={tmp_path / 'run'}"]
-    err = refused_line(capsys, _script(trainer).main(argv + (["head.kind=medusa"] if trainer == "heads" else [])),
+    err = refused_line(capsys, MAINS[trainer](argv + (["head.kind=medusa"] if trainer == "heads" else [])),
                    tmp_path, before)  # fmt: skip
     assert "DRAFTSMITH_CPU_LAYOUT" in err
 
@@ -508,7 +500,7 @@ def test_argument_errors_are_one_line(case, tmp_path, capsys, monkeypatch):
 def test_trainer_argument_errors_are_one_line(trainer, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
-        _script(trainer).main(["--devices", "abc"])
+        MAINS[trainer](["--devices", "abc"])
     err = refused_line(capsys, e.value.code, tmp_path, {})
     assert "--devices" in err
 

@@ -6,75 +6,13 @@
 
 Plain `python train/distill.py ...` also works (one process). Everything lives in draftsmith.distill.recipe;
 the output folder holds run.yaml, metrics.jsonl, checkpoints/step-*/ and final/ (an HF causal LM folder).
-Arguments, logging (-v) and exit status: draftsmith.launch.
+Arguments, logging (-v) and exit status: draftsmith.launch; the main function: draftsmith.app.train.distill_main.
 """
 
 from __future__ import annotations
 
-from functools import partial
-
-from draftsmith.app.drafters import DRAFTERS
-from draftsmith.distill.recipe import DistillConfig, run_distill
-from draftsmith.launch import exit_process, train_main
-
-
-def summary(cfg: DistillConfig, res: dict) -> str:
-    held, k = res["eval"].get("heldout", {}), cfg.eval.k
-    return (
-        f"done: step {res['step']}, held-out alpha {held.get('alpha', float('nan')):.3f}, "
-        f"top-1 {held.get('top1', float('nan')):.3f}, predicted tau(k={k}) {held.get(f'tau_k{k}') or float('nan'):.2f} "
-        f"-> {res['final_dir']}{_by_margin(held)}{_if_sure(held, k)}{_seen(res['eval'], k)}"
-    )
-
-
-def _seen(evals: dict, k: int) -> str:
-    """The same on a sample of the training examples: does the draft learn what it is shown, and carry it over?"""
-    seen, held = evals.get("train_sample"), evals.get("heldout", {})
-    if not seen:
-        return ""
-    tau_seen, tau_held = (seen.get("tau_greedy") or {}).get(k), (held.get("tau_greedy") or {}).get(k)
-    taus = (
-        f", predicted greedy tau(k={k}) {tau_seen:.2f} (held-out {tau_held:.2f})"
-        if tau_seen and tau_held
-        else ""
-    )
-    return (
-        f"\n  on {seen['n_examples']} training examples: top-1 {seen['top1']:.3f} "
-        f"(held-out {held.get('top1', float('nan')):.3f}){taus}"
-    )
-
-
-def _by_margin(held: dict) -> str:
-    """Where the greedy misses are: held-out top-1 per bin of the target's own margin p1 - p2 (token counts)."""
-    bins = held.get("top1_by_margin")
-    if not bins:
-        return ""
-    parts = [f"{name} {b['top1']:.3f} ({b['n']})" for name, b in bins.items() if b["top1"] is not None]
-    return "\n  held-out top-1 by the target's margin p1 - p2: " + ", ".join(parts)
-
-
-def _if_sure(held: dict, k: int) -> str:
-    """What training away the misses where the target is sure can buy: the greedy tau with them turned into hits."""
-    now, sure = (held.get("tau_greedy") or {}).get(k), held.get("tau_greedy_if_sure")
-    if now is None or not sure:
-        return ""
-    edges = sorted(sure, key=float, reverse=True)
-    return (
-        f"\n  predicted greedy tau(k={k}) {now:.2f}; with the misses at a target margin >= {' / '.join(edges)} "
-        f"made hits: {' / '.join(f'{sure[m][k]:.2f}' for m in edges)}"
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    return train_main(
-        argv,
-        description=__doc__.splitlines()[0],
-        recipe_hint="recipes/*.yaml",
-        config_cls=DistillConfig,
-        run_fn=partial(run_distill, kinds=DRAFTERS),  # the drafter table push_to_hub's model card reads
-        summary=summary,
-    )
-
+from draftsmith.app.train import distill_main as main
+from draftsmith.launch import exit_process
 
 if __name__ == "__main__":
     exit_process(main())

@@ -9,34 +9,13 @@ medusa2, eagle, eagle3, dflash, peagle, earlyexit); the library is draftsmith.he
 metrics.jsonl, checkpoints/step-*/, final/ (config.json + model.safetensors in engine-native names +
 head_accuracy.json), usable as `draftsmith eval --drafter KIND:DIR/final` (Medusa-2: medusa:) and, where the kind has
 engine formats, `draftsmith export`.
-Arguments, logging (-v) and exit status: draftsmith.launch.
+Arguments, logging (-v) and exit status: draftsmith.launch; the main function: draftsmith.app.train.heads_main.
 """
 
 from __future__ import annotations
 
-from draftsmith.heads.recipe import HeadsConfig, run_heads
-from draftsmith.launch import exit_process, train_main
-
-
-def summary(cfg: HeadsConfig, res: dict) -> str:
-    ev = res["eval"]
-    tau = ev.get("tau_sim", ev.get("tau_tree"))
-    return (
-        f"done: step {res['step']}, held-out predicted tau {tau if tau is not None else float('nan'):.2f} "
-        f"(bonus included; {ev.get('tau_estimate', 'chain')}), cache {res['cache_bytes_per_token']} B/token -> {res['final_dir']}"
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    return train_main(
-        argv,
-        description=__doc__.splitlines()[0],
-        recipe_hint="recipes/heads-*.yaml",
-        config_cls=HeadsConfig,
-        run_fn=run_heads,
-        summary=summary,
-    )
-
+from draftsmith.app.train import heads_main as main
+from draftsmith.launch import exit_process
 
 if __name__ == "__main__":
     exit_process(main())
