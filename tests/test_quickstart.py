@@ -143,7 +143,7 @@ SHAPE = DataShape(
 # and one 2.5x slower again (no AVX-512)
 FWD_BF16 = {1: 0.037, 2: 0.038, 3: 0.039, 5: 0.041, 9: 0.045, 11: 0.046}
 FWD_FP32 = {1: 0.035, 2: 0.045, 3: 0.05, 5: 0.057, 9: 0.072, 11: 0.078}
-AMX = MachineCosts(3700, 0.06, 3000, 2000, 0.004, FWD_BF16, 0.003, 1.0, 700, 0.003)
+AMX = MachineCosts(3700, 0.06, 3000, 2000, 0.004, FWD_BF16, 0.003, 1.0, 900, 0.003)
 FP32 = MachineCosts(860, 0.15, 800, 900, 0.005, FWD_FP32, 0.003, 1.0, 300, 0.004)
 SLOW = FP32.slowed(2.5)
 LOADED = 30.0  # seconds spent loading and measuring before the plan
@@ -192,7 +192,7 @@ def test_the_head_comes_first_and_the_distilled_draft_joins_where_the_budget_all
     head_only = plan_quickstart(AMX, SHAPE, 15 * 60, LOADED)
     assert head_only.sizes == head_draft(HEAD, AMX) and head_only.scale == 1.0
     lines = head_only.lines()
-    assert "EAGLE-3 head 300 steps x 8" in lines[0] and "no distilled draft" in lines[0]
+    assert f"EAGLE-3 head {FULL.head_steps} steps x 8" in lines[0] and "no distilled draft" in lines[0]
     assert "the full EAGLE-3 head fits" in lines[1]
     # the plan names the budget that trains both, and that budget does, at full size, on the same answers
     need = int(lines[1].rsplit("--budget-min ", 1)[1].split()[0])
