@@ -1,10 +1,15 @@
 """`evaluate()`: a drafter spec measured against plain decoding of the same target (what `draftsmith eval` and the
 quickstart call). Loads the target, builds the drafter from the drafter table, hands both to
 draftsmith.decode.evaluate.measure with the run's `EvalSettings`, and records them as the run's conditions.
+
+`load_drafters` and `encode_prompts` are the one path from drafter specs and prompts to what `measure` takes; every
+measurement of named drafters on a loaded target goes through them (`draftsmith eval`, `draftsmith bench drafters`
+and the showcase, `draftsmith bench loss-ablation`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,17 +80,17 @@ def evaluate(
         if kind == "draft":  # tokenizer compatibility from configs + tokenizers, before any weights load
             check_compatible(target, drafter_arg.partition(",")[0])
         target_model = models.load_model(target, dtype=dtype, device=load_device, inference=True)
-    dev = next(target_model.parameters()).device if device is None else _device(device)
-    ctx = DrafterContext(
-        target=target_model, tokenizer=tokenizer, device=dev, dtype=dtype, target_spec=target
+    decoder, (named,) = load_drafters(
+        target_model,
+        tokenizer,
+        [("drafter", drafter, settings.k, False)],
+        target_spec=target,
+        device=None if device is None else _device(device),
+        dtype=dtype,
+        settings=settings,
     )
-    proposer = build_proposer(drafter, ctx, k=settings.k)
-    if max(settings.batch_sizes, default=1) > 1 and not hasattr(batched(proposer), "retain"):
-        raise DraftsmithError(f"drafter {kind!r} cannot decode a batch yet; drop --batch-size")
-    decoder = SpeculativeDecoder(target_model, tokenizer, compile=settings.compile)
-
-    measured = measure(decoder, [NamedDrafter("drafter", proposer, settings.k)], prompts, encoded, settings,
-                       progress=progress)  # fmt: skip
+    proposer = named.proposer
+    measured = measure(decoder, [named], prompts, encoded, settings, progress=progress)
     result = measured["drafters"]["drafter"]
     result["conditions"] = run_conditions(
         settings, target, target_model, drafter, proposer, source=source, n_prompts=len(prompts)
@@ -94,6 +99,34 @@ def evaluate(
     if out_dir is not None:
         write_outputs(result, out_dir)
     return result
+
+
+def load_drafters(
+    target_model,
+    tokenizer,
+    specs: Sequence[tuple[str, str, int, bool]],
+    *,
+    target_spec: str | None,
+    settings: EvalSettings,
+    device: torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> tuple[SpeculativeDecoder, list[NamedDrafter]]:
+    """The decoder over a loaded target and one NamedDrafter per (name, spec, k, auto), each built from the drafter
+    table on that target (device: the target's unless given). A drafter that cannot decode a batch is refused here
+    when `settings` asks for batches, before any decoding."""
+    dev = next(target_model.parameters()).device if device is None else device
+    ctx = DrafterContext(
+        target=target_model, tokenizer=tokenizer, device=dev, dtype=dtype, target_spec=target_spec
+    )
+    drafters = []
+    for name, spec, k, auto in specs:
+        proposer = build_proposer(spec, ctx, k=k)
+        if max(settings.batch_sizes, default=1) > 1 and not hasattr(batched(proposer), "retain"):
+            raise DraftsmithError(
+                f"drafter {split_spec(spec)[0]!r} cannot decode a batch yet; drop --batch-size"
+            )
+        drafters.append(NamedDrafter(name, proposer, k, auto=auto))
+    return SpeculativeDecoder(target_model, tokenizer, compile=settings.compile), drafters
 
 
 def _device(device) -> torch.device:

@@ -33,11 +33,9 @@ import torch
 
 from draftsmith import models
 from draftsmith.acceptance import tau_from_accept_lengths
-from draftsmith.app.drafters import build_proposer, split_spec, validate_spec
-from draftsmith.app.evaluate import ADAPTIVE_KINDS, encode_prompts, run_conditions
-from draftsmith.decode.decoder import SpeculativeDecoder
-from draftsmith.decode.drafters import DrafterContext
-from draftsmith.decode.evaluate import NamedDrafter, measure
+from draftsmith.app.drafters import split_spec, validate_spec
+from draftsmith.app.evaluate import ADAPTIVE_KINDS, encode_prompts, load_drafters, run_conditions
+from draftsmith.decode.evaluate import measure
 from draftsmith.decode.flops import decode_flops
 from draftsmith.decode.report import batch_table, plot_batch_curves, plot_drafters
 from draftsmith.errors import DraftsmithError
@@ -180,14 +178,8 @@ def bench(
     prompts = [p for source in sources(args.prompts) for p in load_prompts(source, limit=settings.limit)]
     tok = tok or models.load_tokenizer(args.target)
     target = target or models.load_model(args.target, dtype=args.dtype, inference=True)
-    ctx = DrafterContext(
-        target=target, tokenizer=tok, device=next(target.parameters()).device, target_spec=args.target
-    )
-    drafters = []
-    for name, spec, k in specs:
-        depth, auto = parse_k(str(k))
-        drafters.append(NamedDrafter(name, build_proposer(spec, ctx, k=depth), depth, auto=auto))
-    dec = SpeculativeDecoder(target, tok)
+    named = [(name, spec, *parse_k(str(k))) for name, spec, k in specs]
+    dec, drafters = load_drafters(target, tok, named, target_spec=args.target, settings=settings)
     encoded = encode_prompts(dec.max_positions, tok, prompts, settings)
     measured = measure(dec, drafters, prompts, encoded, settings)
     arithmetic = {d.name: decode_flops(dec, d.proposer, encoded[0], k=d.k) for d in drafters} if flops else {}

@@ -190,17 +190,13 @@ def _events(path: Path) -> list[dict]:
 def measure(args, cells: list[Cell]) -> dict[float, dict]:
     """Decode every finished run at each temperature in ONE process: target loaded once, every checkpoint and plain
     decoding back to back per prompt in a rotated order (draftsmith.decode.evaluate.measure)."""
-    import torch
 
     from draftsmith import models
-    from draftsmith.app.drafters import build_proposer
-    from draftsmith.decode.decoder import SpeculativeDecoder
-    from draftsmith.decode.drafters import DrafterContext
-    from draftsmith.decode.evaluate import NamedDrafter
+    from draftsmith.app.evaluate import encode_prompts, load_drafters
     from draftsmith.decode.evaluate import measure as decode_measure
     from draftsmith.evalsettings import EvalSettings
     from draftsmith.fileio import write_json
-    from draftsmith.prompts import load_prompts, prompt_ids
+    from draftsmith.prompts import load_prompts
 
     target_spec = _config(args).model.target
     reference = args.untrained_spec
@@ -222,23 +218,16 @@ def measure(args, cells: list[Cell]) -> dict[float, dict]:
         return results
     tok = models.load_tokenizer(target_spec)
     target = models.load_model(target_spec, inference=True)
-    ctx = DrafterContext(
-        target=target, tokenizer=tok, device=next(target.parameters()).device, target_spec=target_spec
-    )
     spec = TRAINERS[args.trainer].spec
-    decoder = SpeculativeDecoder(target, tok)
-    drafters = [
-        NamedDrafter(
-            c.run.name, build_proposer(spec.format(final=c.run.final, k=args.k), ctx, k=args.k), args.k
-        )
-        for c in cells
-    ]
-    if reference:
-        drafters.append(NamedDrafter(UNTRAINED, build_proposer(reference, ctx, k=args.k), args.k))
+    named = [(c.run.name, spec.format(final=c.run.final, k=args.k), args.k, False) for c in cells]
+    named += [(UNTRAINED, reference, args.k, False)] if reference else []
+    decoder, drafters = load_drafters(
+        target, tok, named, target_spec=target_spec, settings=EvalSettings(k=args.k, limit=args.limit)
+    )
     for src, t in todo:
         prompts = load_prompts(src, limit=args.limit)
-        encoded = [torch.tensor([prompt_ids(tok, p)]) for p in prompts]
         settings = EvalSettings(k=args.k, temperature=t, max_new_tokens=args.max_new_tokens, limit=args.limit)
+        encoded = encode_prompts(decoder.max_positions, tok, prompts, settings)
         print(
             f"measuring {len(drafters)} checkpoints at T={t:g} on {src} ({len(prompts)} prompts, one run)",
             flush=True,
