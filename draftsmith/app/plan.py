@@ -34,6 +34,10 @@ CHAIN_ABOVE = 1.3
 """A head's tree pays where verifying HEAD_NODES + 1 tokens costs little more than a step (AMX, bf16: 1.0-1.1x, tree
 1.38x); where it costs more than CHAIN_ABOVE steps the head drafts a chain of 2 (AVX-512 fp32: chain 1.06x, the
 10-node tree 0.91x; RESULTS.md)."""
+EVAL_PROCESS_S = 15.0  # a decoder eval runs in a process of its own: start, imports, the target's load
+HEAD_TRAINER_SLOWER = 1.3
+"""The head trainer's steps run this much slower than the calibrated step (547 against 713 tokens/s over 358 steps on
+a 2-core AMX Xeon: batches of every width, the trainer's own work, and steps that slow as the run goes on)."""
 HEAD_TOP_K, HEAD_NODES, HEAD_DEPTH = 6, 10, 3  # the tree that measured best on the 135M (RESULTS.md, "Heads")
 MAX_BUDGET_MIN = 24 * 60
 MIN_BUDGET_MIN = 1.0
@@ -252,7 +256,7 @@ def _decode_s(
         2 * n / costs.gen_prefill_tok_s + (T - 1) * costs.forward(1) + spec_steps * step
         for n in dev_lens(shape, sizes.eval_prompts)
     ]
-    return sum(per_prompt) + 16 * (costs.forward(1) + step) / tau
+    return EVAL_PROCESS_S + sum(per_prompt) + 16 * (costs.forward(1) + step) / tau
 
 
 def _head_phases(costs, shape, sizes, gen_seq, held, decoder_eval) -> dict[str, float]:
@@ -263,7 +267,11 @@ def _head_phases(costs, shape, sizes, gen_seq, held, decoder_eval) -> dict[str, 
     step_tokens = sizes.head_batch_size * sum(seqs) / max(len(seqs), 1)
     # one held-out eval at the end, unrolled to eval depth 6: about a training step's work per token
     tokens = sizes.head_steps * step_tokens + sum(gen_seq[:held])
-    train = sizes.head_text_examples * costs.text_load_s + tokens / costs.head_train_tok_s + 2 * costs.save_s
+    train = (
+        sizes.head_text_examples * costs.text_load_s
+        + HEAD_TRAINER_SLOWER * tokens / costs.head_train_tok_s
+        + 2 * costs.save_s
+    )
     draft_s = sizes.head_depth * costs.head_step_s
     dec = (
         _decode_s(costs, shape, sizes, sizes.head_nodes + 1, draft_s, HEAD_TAU_GUESS) if decoder_eval else 0.0
