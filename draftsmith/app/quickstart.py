@@ -517,16 +517,18 @@ def _fresh_process(fn, args: tuple, kw: dict) -> dict:
 
     from draftsmith.errors import DraftsmithError
 
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1) as pool:
-        try:
-            return pool.apply(fn, args, kw)
-        except DraftsmithError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise DraftsmithError(
-                f"the decoder eval failed in its own process: {type(e).__name__}: {e}"
-            ) from None
+    pool = multiprocessing.get_context("spawn").Pool(1)
+    try:
+        return pool.apply(fn, args, kw)
+    except DraftsmithError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise DraftsmithError(
+            f"the decoder eval failed in its own process: {type(e).__name__}: {e}"
+        ) from None
+    finally:  # the worker exits on its own (a terminated one can leave its semaphores to the resource tracker)
+        pool.close()
+        pool.join()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
