@@ -48,7 +48,10 @@ def test_crossing_measured_or_extrapolated_on_log_tokens():
     assert crossing(pts, 1.2) == {"measured": True, "tokens": 1e6, "after": 1e5}
     far = crossing(pts, 1.5)  # +0.2 per decade: 1.5 one decade further
     assert not far["measured"] and math.isclose(far["tokens"], 1e7, rel_tol=1e-9)
-    assert crossing([{"tokens": 1e5, "speedup": 1.3}, {"tokens": 1e6, "speedup": 1.2}], 1.5)["tokens"] is None
+    falling = crossing([{"tokens": 1e5, "speedup": 1.3}, {"tokens": 1e6, "speedup": 1.2}], 1.5)
+    assert falling["tokens"] is None and "does not rise" in falling["why"]
+    one = crossing([{"tokens": 1e5, "speedup": 1.0}], 1.5)
+    assert one["tokens"] is None and "fewer than two" in one["why"]
 
 
 def test_cli_writes_the_curve_with_a_bench_and_a_reference(tmp_path, capsys):

@@ -110,13 +110,18 @@ def crossing(pts: list[dict], reference: float) -> dict:
         if p["speedup"] >= reference:
             return {"measured": True, "tokens": p["tokens"], "after": prev["tokens"] if prev else 0.0}
     if len(pts) < 2:
-        return {"measured": False, "tokens": None}
+        return {"measured": False, "tokens": None, "why": "fewer than two decoded points: no trend yet"}
     xs, ys = [math.log(p["tokens"]) for p in pts], [p["speedup"] for p in pts]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
     if slope <= 0:
-        return {"measured": False, "tokens": None, "slope_per_e": slope}
+        return {
+            "measured": False,
+            "tokens": None,
+            "slope_per_e": slope,
+            "why": "its speedup does not rise with tokens",
+        }
     return {"measured": False, "tokens": math.exp(mx + (reference - my) / slope), "slope_per_e": slope}
 
 
@@ -188,7 +193,7 @@ def table(curve: dict) -> str:
                 f"crosses the reference between {cross['after'] / 1e6:.3f}M and {cross['tokens'] / 1e6:.3f}M"
             )
         elif cross["tokens"] is None:
-            rows.append("does not cross the reference, and its speedup does not rise with tokens")
+            rows.append(f"does not cross the reference; no extrapolation: {cross['why']}")
         else:
             rows.append(
                 f"not crossed; a log-linear extrapolation crosses at ~{cross['tokens'] / 1e6:.1f}M tokens"
