@@ -180,7 +180,7 @@ def test_lightning_killed_run_resumes_bit_exact(tiny_dirs, gen_dir, tmp_path):
 
 
 def test_lightning_command_line_refusals(tiny_dirs, gen_dir, tmp_path, capsys):
-    from test_engines_entry import _script
+    from draftsmith.app.train import distill_main
 
     out = tmp_path / "run"
     _, argv = recipe_args("distill", tiny_dirs, gen_dir, out, 2)
@@ -194,7 +194,7 @@ def test_lightning_command_line_refusals(tiny_dirs, gen_dir, tmp_path, capsys):
         (["--devices", "2"], "--strategy/--devices choose Lightning's processes"),
         (["--engine", "jax"], "choose accelerate or lightning"),
     ):
-        assert _script("distill").main(["--no-progress", *argv, *extra]) == 2
+        assert distill_main(["--no-progress", *argv, *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
         assert not out.exists()
