@@ -14,6 +14,7 @@ from __future__ import annotations
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -32,6 +33,8 @@ from draftsmith.app.plan import (
     without_distill,
 )
 from draftsmith.errors import DraftsmithError
+from draftsmith.trainer import TrainArgs
+from draftsmith.trainstep import make_optimizer
 
 
 class _StepClock:
@@ -92,6 +95,25 @@ def score_rate(model, topk: int = 64, batch: int = 4, width: int = 192) -> float
     return batch * width / times[-1]
 
 
+def _optimizer(module: torch.nn.Module) -> torch.optim.Optimizer:
+    """The trainers' AdamW (draftsmith.trainstep: fused where it can be) at an LR too small to move the weights: the
+    step is timed, the model stays as loaded."""
+    return make_optimizer(module, None, TrainArgs(lr=1e-12))
+
+
+def _timed_train_step(module, opt, forward, bf16: bool, loss_of=lambda loss: loss) -> float:
+    """Seconds of one training step as the trainer takes it: `forward()` under autocast (as accelerate wraps the
+    forward), `loss_of` its output outside it, backward, clipping, the optimizer step."""
+    t0 = time.perf_counter()
+    with torch.autocast(next(module.parameters()).device.type, dtype=torch.bfloat16, enabled=bf16):
+        out = forward()
+    loss_of(out).backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
 def _draft_costs(model, sizes: QuickstartSizes, width: int, bf16: bool) -> tuple[float, float, float]:
     """(training padded tokens/s, batch-1 draft step seconds, checkpoint save seconds) of the quickstart's draft:
     the target's `sizes.layers` with a `sizes.vocab_size` output head, fp32 master weights, fused AdamW."""
@@ -110,10 +132,7 @@ def _draft_costs(model, sizes: QuickstartSizes, width: int, bf16: bool) -> tuple
     v_d = min(sizes.vocab_size, vocab)
     draft = DraftLM(shrink(model, layers).to(device=dev, dtype=torch.float32), torch.arange(v_d, device=dev))
     draft.train().requires_grad_(True)
-    try:
-        opt = torch.optim.AdamW(draft.parameters(), lr=1e-12, fused=True)
-    except (RuntimeError, TypeError, ValueError):
-        opt = torch.optim.AdamW(draft.parameters(), lr=1e-12)
+    opt = _optimizer(draft)
     gen = torch.Generator().manual_seed(3)
     times = []
     for b, w in ((2, 64), (sizes.batch_size, width)):  # the first step warms up (and allocates AdamW state)
@@ -123,15 +142,15 @@ def _draft_costs(model, sizes: QuickstartSizes, width: int, bf16: bool) -> tuple
         n = int(rows.sum())
         values = torch.randn(n, 64, generator=gen).to(dev)
         top = torch.randint(0, v_d, (n, 64), generator=gen).to(dev)
-        t0 = time.perf_counter()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):  # as accelerate wraps the forward
-            logits = draft(ids, torch.ones_like(ids), rows=torch.nn.functional.pad(rows, (0, 1)))
-        loss = fkl_from_topk(values, top, logits)  # the trainer's loss against a cached top-k
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
+        times.append(
+            _timed_train_step(
+                draft,
+                opt,
+                partial(draft, ids, torch.ones_like(ids), rows=torch.nn.functional.pad(rows, (0, 1))),
+                bf16,
+                loss_of=partial(fkl_from_topk, values, top),  # the trainer's loss against a cached top-k
+            )
+        )
     train_tok_s = sizes.batch_size * width / times[-1]
 
     draft.eval()
@@ -192,24 +211,14 @@ def _head_costs(model, sizes: QuickstartSizes, width: int, bf16: bool) -> tuple[
     head = build_head(cfg, model, examples(4, 64)).to(dev)
     aux = list(head.config.aux_hidden_state_layer_ids)
     trainer = HeadTrainer(head, model, HiddenStates("online", model, aux), cfg.loss, kind="eagle3")
-    try:
-        opt = torch.optim.AdamW(head.parameters(), lr=1e-12, fused=True)
-    except (RuntimeError, TypeError, ValueError):
-        opt = torch.optim.AdamW(head.parameters(), lr=1e-12)
+    opt = _optimizer(head)
     times = []
     for b, w in (
         (2, 64),
         (sizes.head_batch_size, width),
     ):  # the first step warms up (and allocates AdamW state)
         batch = {k: v.to(dev) for k, v in collate(examples(b, w)).items()}
-        t0 = time.perf_counter()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):  # as accelerate wraps the forward
-            loss, _ = trainer(batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
+        times.append(_timed_train_step(head, opt, partial(trainer, batch), bf16, loss_of=lambda out: out[0]))
     train_tok_s = sizes.head_batch_size * width / times[-1]
 
     head.eval()
