@@ -42,22 +42,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def read_events(run: Path) -> list[dict]:
+    """The run's metrics.jsonl events (draftsmith.rundir: a live run's torn last line is skipped)."""
+    from draftsmith.rundir import read_events as run_events
+
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise DraftsmithError(
             f"{run} has no metrics.jsonl; pass a training run folder (train/heads.py output_dir)"
         )
-    events = []
-    for i, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(path.read_text().splitlines()):  # a torn last line of a live run
-                break
-            raise DraftsmithError(f"{path} line {i} is not JSON; the run folder is damaged") from None
-    return events
+    return run_events(path, warn=False)
 
 
 def tokens_at(events: list[dict], step: int) -> float:
