@@ -54,6 +54,28 @@ def setup_logging(verbose: bool) -> None:
     logging.getLogger("draftsmith").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
+# glibc's malloc serves a freed large block's size from its heap afterwards (the mmap threshold rises to it, up
+# to 32 MiB), and a heap whose top is pinned by one small live block never shrinks: with the sequence length
+# changing every batch, a training process's resident memory grew ~100 MB a step (9 -> 14 GB in 50 steps of an
+# EAGLE-3 run on a 1.5B target). A fixed threshold sends every block of 4 MiB or more back to the OS when freed.
+MMAP_THRESHOLD = 4 << 20
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+
+def bound_heap() -> bool:
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD for this process; False where the C library is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):  # musl and others: no mallopt, nothing to fix
+        return False
+
+
 def _first_process() -> bool:
     # set by accelerate/torchrun before the script starts: usable before any process group exists
     return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0
@@ -76,6 +98,7 @@ def train_main(
 
     args = _parser(description, recipe_hint).parse_intermixed_args(argv)
     setup_logging(args.verbose)
+    bound_heap()
     defer_deepspeed()  # imported by the ZeRO engines that use it, not by every checkpoint save (draftsmith.deferred)
     accelerator = None
     try:

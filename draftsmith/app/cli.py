@@ -23,6 +23,7 @@ import logging
 import sys
 
 from draftsmith.errors import DraftsmithError, OneLineArgumentParser
+from draftsmith.launch import bound_heap
 
 COMMANDS = {
     "quickstart": (
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
+    bound_heap()  # eval and bench decode prompts of every length: the heap would keep each one's peak
     try:
         from draftsmith import cpulayout  # here, not at the top: `draftsmith --help` does not need torch
         from draftsmith.deferred import defer_deepspeed
