@@ -13,6 +13,7 @@ Run `python train/<script>.py` (one process) to get the status 2 itself. The scr
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -62,18 +63,33 @@ MMAP_THRESHOLD = 4 << 20
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
-def bound_heap() -> bool:
-    """Fix glibc's mmap threshold at MMAP_THRESHOLD for this process; False where the C library is not glibc."""
+@functools.lru_cache(maxsize=1)
+def _glibc():
+    """glibc's handle (None elsewhere: musl and others have no mallopt / malloc_trim, nor this heap)."""
     import ctypes
     import ctypes.util
 
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-    except (OSError, AttributeError):  # musl and others: no mallopt, nothing to fix
-        return False
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def bound_heap() -> bool:
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD for this process; False where the C library is not glibc."""
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
+def trim_heap() -> None:
+    """Give the heap's free pages back to the OS (glibc's malloc_trim, under a millisecond): called after every
+    optimizer step, it keeps blocks under the threshold that the step freed from piling up."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def _first_process() -> bool:

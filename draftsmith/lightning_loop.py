@@ -14,6 +14,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import replace_dir
+from draftsmith.launch import trim_heap
 from draftsmith.rundir import Position, begin_checkpoint, finish_checkpoint, read_checkpoint_state
 from draftsmith.statefile import dumps_state, load_state, loads_state, rng_state, save_state, set_rng_state
 from draftsmith.trainstep import (
@@ -114,6 +115,7 @@ class RunHooks(pl.Callback):
         if step == self.last_step:  # a micro-batch inside an optimizer step
             return
         self.last_step = step
+        trim_heap()  # as the accelerate loop after each optimizer step
         if step % max(args.log_every, 1) == 0 or step == args.max_steps:
             self._log(trainer, pl_module, step)
         if args.eval_every and step % args.eval_every == 0 and step < args.max_steps:

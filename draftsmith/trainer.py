@@ -40,6 +40,7 @@ from draftsmith.engines import (
     unshard_for_good,
 )
 from draftsmith.errors import DraftsmithError
+from draftsmith.launch import trim_heap
 from draftsmith.rundir import (
     Position,
     check_out_dir,
@@ -206,6 +207,7 @@ class _Loop:
         """After an optimizer step: schedule, log, evaluate and checkpoint as the recipe asks."""
         args, pos, acc = self.args, self.pos, self.acc
         self.scheduler.step()
+        trim_heap()
         pos.step += 1
         pos.epoch, pos.batch_index = stream.epoch, stream.batch_index
         bar.update(1)

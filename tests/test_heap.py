@@ -38,3 +38,31 @@ def test_large_blocks_stay_mmapped_after_a_larger_one_is_freed():
     if _mmapped_after_a_large_free(False):  # this C library does not keep them by itself: nothing to show
         pytest.skip("the heap does not raise its threshold here")
     assert _mmapped_after_a_large_free(True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux only")
+def test_trim_gives_freed_heap_pages_back():
+    # 64 blocks of 1 MiB (under the threshold: from the heap), filled, every other one freed, so the free pages
+    # lie between live blocks where only malloc_trim can return them
+    script = """
+import ctypes
+from draftsmith.launch import bound_heap, trim_heap
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+bound_heap()
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("RssAnon")).split()[1]) // 1024
+blocks = [libc.malloc(1 << 20) for _ in range(64)]
+for b in blocks:
+    libc.memset(b, 1, 1 << 20)
+for b in blocks[::2]:
+    libc.free(b)
+before = rss()
+trim_heap()
+print(before - rss())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) >= 24  # of the 32 MiB freed
