@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from draftsmith.modeling import window_masks
+from draftsmith.modeling import additive_mask, window_masks
 
 from .cache import compact_cache, crop_to
 
@@ -105,8 +105,10 @@ class RaggedCache:
     def _mask(self, allowed: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, dtype):
         """bool [B, q, k] -> the forward's attention_mask (a {layer type: mask} dict where layers differ)."""
         if self.config is None:
-            return _additive(allowed, dtype, self.kv_len)
-        return window_masks(self.config, allowed, q_pos, k_pos, lambda a: _additive(a, dtype, self.kv_len))
+            return additive_mask(allowed, dtype, self.kv_len)
+        return window_masks(
+            self.config, allowed, q_pos, k_pos, lambda a: additive_mask(a, dtype, self.kv_len)
+        )
 
     # -- after a forward ----------------------------------------------------------------------------------------
     def commit(self, kept: Sequence[Sequence[int]], n: int) -> None:
@@ -174,7 +176,7 @@ def block_mask(
 ) -> torch.Tensor:
     """Additive mask [B, 1, n, kv] for a block of n columns appended after `cols` cache columns: block row j of
     row b sees the committed columns [pads[b], lengths[b]) and the block columns visible[b, j] says."""
-    return _additive(block_allowed(pads, lengths, cols, visible), dtype, kv_len)
+    return additive_mask(block_allowed(pads, lengths, cols, visible), dtype, kv_len)
 
 
 def block_allowed(pads: Sequence[int], lengths: Sequence[int], cols: int, visible: torch.Tensor):
@@ -186,16 +188,6 @@ def block_allowed(pads: Sequence[int], lengths: Sequence[int], cols: int, visibl
     prefix = (col >= pad) & (col < length)  # [B, cols]: committed columns
     n = visible.shape[1]
     return torch.cat([prefix[:, None, :].expand(-1, n, -1), visible], 2)  # [B, n, cols + n]
-
-
-def _additive(allowed: torch.Tensor, dtype: torch.dtype, kv_len: int | None) -> torch.Tensor:
-    """bool [B, q, k] (True = attend) -> additive [B, 1, q, kv_len or k] (0 / finfo.min; static buffers: the
-    columns past k stay masked). HF attention passes a 4D mask through as-is."""
-    b, q, k = allowed.shape
-    width = kv_len if kv_len is not None else k
-    out = torch.full((b, q, width), torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
-    out[:, :, :k].masked_fill_(allowed, 0.0)
-    return out[:, None]
 
 
 # -- the decoder's verify block and what a step keeps of it ------------------------------------------------------

@@ -125,6 +125,16 @@ def rollback_cache(config, max_len: int | None = None):
     return cache
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, kv_len: int | None = None) -> torch.Tensor:
+    """bool [B, q, k] (True = attend) -> additive [B, 1, q, kv_len or k] (0 / finfo.min; static buffers: the
+    columns past k stay masked). HF attention passes a 4D mask through as-is."""
+    b, q, k = allowed.shape
+    width = kv_len if kv_len is not None else k
+    out = torch.full((b, q, width), torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+    out[:, :, :k].masked_fill_(allowed, 0.0)
+    return out[:, None]
+
+
 def window_masks(config, allowed: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, to_mask):
     """The attention_mask argument for a caller-made mask: `allowed` [B, q, k] bool (True = attend), the token
     positions of its queries q_pos [B, q] and keys k_pos [B, k], `to_mask` turning a bool mask into the model's

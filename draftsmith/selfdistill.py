@@ -12,9 +12,9 @@ leaves only complete shards; rerunning the same command skips the ids already pr
 Response ids end with the eos token when the target stopped (finish="stop"), so a draft learns to stop too.
 Token ids (not text) are stored because re-tokenising decoded text does not give back the same ids.
 
-Two engines answer: the target loaded here with transformers' generate (default), or any OpenAI-compatible server
-(`server=URL`: llama.cpp's llama-server, vLLM, SGLang; `server="auto"` starts the pinned llama.cpp for a GGUF target),
-several requests in flight (draftsmith.serving). The manifest records which (`engine`): one folder is never filled by
+Two engines answer: the target loaded here, decoding with continuous batching (draftsmith.continuous: `batch_size`
+sequences in flight), or any OpenAI-compatible server (`server=URL`: llama.cpp's llama-server, vLLM, SGLang;
+`server="auto"` starts the pinned llama.cpp for a GGUF target), several requests in flight (draftsmith.serving). The manifest records which (`engine`): one folder is never filled by
 both, since their greedy answers part at the quantized kernels' near-ties.
 """
 
@@ -23,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 import time
 import zlib
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from draftsmith import continuous
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import check_output_dir, write_json, write_text
 from draftsmith.models import eos_token_ids
@@ -76,10 +77,11 @@ def generate_dataset(
     max_new_tokens: int = 256,
     sampling: SamplingParams | None = None,
     limit: int | None = None,
+    sample: int | None = None,
     skip_long: bool = False,
     max_prompt_tokens: int | None = None,
     seed: int = 0,
-    batch_size: int = 16,
+    batch_size: int = 64,
     shard_size: int = 128,
     model=None,
     tokenizer=None,
@@ -95,6 +97,8 @@ def generate_dataset(
     Prompt) and write a resumable token-id dataset to `out_dir`: settings checked against an existing folder,
     prompts selected (already answered, too long), then answered batch by batch into shards.
 
+    limit: the first N prompts of the source; sample: N prompts drawn at random from all of them (the first N of
+    one permutation seeded by `seed`: a larger N later extends the same set, as a larger limit does).
     sampling: decode-time warping (default greedy). `model`/`tokenizer` skip loading `target` (it is still
     recorded). Evaluation sets are refused unless `for_eval` (reference answers for measuring, never training; the
     manifest records the flag and trainers refuse such folders).
@@ -119,12 +123,16 @@ def generate_dataset(
     gguf = _auto_server_gguf(target) if server == "auto" else None
     client = ServerClient(server, served_model) if server not in (None, "auto") else None
     check_limit(limit)
+    check_limit(sample)
+    if limit is not None and sample is not None:
+        raise DraftsmithError("pass limit (the first N prompts) or sample (N at random), not both")
     device = models.parse_device(device) if model is None else device
     out = check_output_dir(out_dir)  # before any model loads (a rerun into the same folder resumes)
     settings = {
         "target": str(target),
         "prompts": source,
         "limit": limit,
+        "sample": sample,
         "for_eval": for_eval,
         "max_new_tokens": max_new_tokens,
         "temperature": sampling.temperature,
@@ -142,6 +150,10 @@ def generate_dataset(
         settings["served_model"] = str(target)
     manifest = _check_existing(out, settings)
     plist = load_prompts(prompts, limit=limit) if isinstance(prompts, str) else list(prompts)[:limit]
+    if sample is not None:
+        order = list(range(len(plist)))
+        random.Random(seed).shuffle(order)
+        plist = [plist[i] for i in order[:sample]]
     if not plist:
         raise DraftsmithError("the prompt list is empty; pass at least one prompt")
     tokenizer = tokenizer or models.load_tokenizer(target)
@@ -187,7 +199,7 @@ def generate_dataset(
         bar = tqdm(total=len(todo), desc="generate", unit="prompt", disable=not progress)
         t0 = time.perf_counter()
         if client is None:
-            rows = _answer_local(model, tokenizer, todo, eos, max_new_tokens, sampling, seed, batch_size, bar)
+            rows = _answer_local(model, todo, eos, max_new_tokens, sampling, seed, batch_size, bar)
         else:
             rows = _answer_server(client, settings["served_model"], todo, eos, max_new_tokens, sampling, seed,
                                   parallel, bar)  # fmt: skip
@@ -224,14 +236,18 @@ def _auto_server_gguf(target: str) -> Path:
 
 
 def _check_existing(out: Path, settings: dict) -> dict | None:
-    """The manifest of an earlier run in `out` (None if new); refused when made with other settings. `limit` may
-    grow between runs: a larger limit extends the dataset with the prompts not yet answered."""
+    """The manifest of an earlier run in `out` (None if new); refused when made with other settings. `limit` and
+    `sample` may grow between runs: a larger one extends the dataset with the prompts not yet answered."""
     manifest = _read_manifest(out)
     earlier = {
         "engine": "transformers",
         **(manifest or {}).get("settings", {}),
     }  # folders from before engines
-    differs = [k for k in settings if k != "limit" and manifest is not None and earlier.get(k) != settings[k]]
+    differs = [
+        k
+        for k in settings
+        if k not in ("limit", "sample") and manifest is not None and earlier.get(k) != settings[k]
+    ]
     if differs:  # (a key missing from an older manifest reads as None, the default)
         diff = differs[0]
         raise DraftsmithError(
@@ -272,36 +288,20 @@ def _select_prompts(plist, done, tokenizer, ctx, max_new_tokens, skip_long, max_
     return todo
 
 
-def _answer_local(model, tokenizer, todo, eos, max_new_tokens, sampling, seed, batch_size, bar):
-    """Rows for `todo`, answered in batches with model.generate (one list of rows per batch)."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    dev = next(model.parameters()).device
-    kw: dict[str, Any] = {"do_sample": False}
-    if not sampling.greedy:
-        kw = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
-              "top_k": sampling.top_k or None}  # fmt: skip
-    streamer = _TokenCounter(bar, eos)
-    for b in range(0, len(todo), batch_size):
-        chunk = todo[b : b + batch_size]
-        input_ids, attn = left_pad([ids for _, _, ids in chunk], pad)
-        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-        with torch.no_grad():
-            seqs = model.generate(
-                input_ids=input_ids.to(dev),
-                attention_mask=attn.to(dev),
-                max_new_tokens=max_new_tokens,
-                eos_token_id=eos,
-                pad_token_id=pad,
-                streamer=streamer if not bar.disable else None,
-                **kw,
-            )
-        rows = []
-        for r, (key, p, ids) in enumerate(chunk):
-            resp, finish = _cut_at_eos(seqs[r, input_ids.shape[1] :].tolist(), eos)
-            rows.append(_row(key, p, ids, resp, finish))
-        bar.update(len(chunk))
-        yield rows
+def _answer_local(model, todo, eos, max_new_tokens, sampling, seed, batch_size, bar):
+    """Rows for `todo`, answered by the loaded model with continuous batching (draftsmith.continuous: `batch_size`
+    sequences in flight, a finished one replaced by the next prompt at once); one row per list, as each ends."""
+    t0, n_tokens = time.perf_counter(), 0
+    by_key = {key: (p, ids) for key, p, ids in todo}
+    prompts = [(key, ids) for key, _, ids in todo]
+    for key, resp, finish in continuous.answer(
+        model, prompts, eos, max_new_tokens=max_new_tokens, slots=batch_size, sampling=sampling, seed=seed
+    ):
+        p, ids = by_key[key]
+        n_tokens += len(resp)
+        bar.update(1)
+        bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - t0):.0f}", refresh=False)
+        yield [_row(key, p, ids, resp, finish)]
 
 
 def _answer_server(client, served_model, todo, eos, max_new_tokens, sampling, seed, parallel, bar):
@@ -372,26 +372,6 @@ def _cut_at_eos(resp: list[int], eos: list[int]) -> tuple[list[int], str]:
         if tok in eos:
             return resp[: j + 1], "stop"
     return resp, "length"
-
-
-class _TokenCounter:
-    """A transformers streamer that shows generated tokens/s on the progress bar while a batch runs."""
-
-    def __init__(self, bar, eos: list[int]):
-        self.bar, self.eos, self.t0, self.n, self.live = bar, torch.tensor(eos), time.perf_counter(), 0, None
-
-    def put(self, tokens: torch.Tensor) -> None:
-        if self.live is None:  # first call of a batch: the prompt ids [B, T]
-            self.live = torch.ones(tokens.shape[0] if tokens.dim() > 1 else 1, dtype=torch.bool)
-            return
-        tokens = tokens.reshape(-1)
-        self.n += int(self.live.sum())
-        self.live &= ~torch.isin(tokens, self.eos)
-        self.bar.set_postfix(tok_s=f"{self.n / (time.perf_counter() - self.t0):.0f}", refresh=False)
-        self.bar.refresh()
-
-    def end(self) -> None:
-        self.live = None
 
 
 def _flush(out: Path, manifest: dict, rows: list[dict]) -> None:

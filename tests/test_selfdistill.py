@@ -145,3 +145,21 @@ def test_generate_refuses_what_does_not_fit_before_the_load(tiny_dirs, prompt_fi
     with pytest.raises(DraftsmithError, match="only .* fit the context"):
         _gen(tiny_dirs, prompt_file, tmp_path / "b", max_new_tokens=ctx - 3)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_sample_draws_a_seeded_random_set_that_a_larger_sample_extends(tiny_dirs, prompt_file, tmp_path):
+    out = tmp_path / "gen"
+    _gen(tiny_dirs, prompt_file, out, sample=3, seed=5)
+    first = sorted(r["id"] for r in load_generated(out))
+    assert len(first) == 3 and first != ["0", "1", "2"]  # seed 5 draws another set than the first three
+    _gen(tiny_dirs, prompt_file, out, sample=5, seed=5)  # resumes: the same three plus two more
+    second = sorted(r["id"] for r in load_generated(out))
+    assert len(second) == 5 and set(first) <= set(second)
+    other = tmp_path / "other"
+    _gen(tiny_dirs, prompt_file, other, sample=5, seed=5)  # the same draw in a fresh folder
+    assert sorted(r["id"] for r in load_generated(other)) == second
+    with pytest.raises(DraftsmithError, match="other settings"):
+        _gen(tiny_dirs, prompt_file, out, sample=5, seed=6)
+    with pytest.raises(DraftsmithError, match="not both"):
+        _gen(tiny_dirs, prompt_file, tmp_path / "both", sample=2, limit=2)
+    assert not (tmp_path / "both").exists()

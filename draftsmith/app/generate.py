@@ -27,11 +27,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="sequences decoded together (continuous batching: a finished one is replaced by the next prompt)",
+    )
     p.add_argument(
         "--shard-size", type=int, default=128, help="rows per shard (the unit a killed run can lose)"
     )
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N prompts drawn at random (seeded by --seed) instead of the first --limit; a larger N later extends "
+        "the same set",
+    )
     p.add_argument(
         "--skip-long", action="store_true", help="skip prompts that do not fit the context instead of failing"
     )
@@ -71,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         shard_size=args.shard_size,
         limit=args.limit,
+        sample=args.sample,
         skip_long=args.skip_long,
         max_prompt_tokens=args.max_prompt_tokens,
         seed=args.seed,
