@@ -13,7 +13,8 @@ The KV cache is one buffer per layer, [slots, kv heads, capacity, head dim], all
 next token at the same column `cols`; slot b's sequence occupies columns [start_b, cols), so its position is
 column - start_b and its mask admits [start_b, cols]. A slot's new prompt of length P is placed at
 [cols - P, cols). When cols reaches the capacity, every slot's columns move left by the smallest live start
-(`_compact`); a prompt longer than cols moves them right first. Attention reads only the columns [0, cols + 1).
+(`make_room`); a prompt longer than cols moves them right first. A step attends over the columns
+[min_b start_b, cols] only.
 
 Greedy answers equal the target's own greedy decoding up to the matmul kernels' near-ties: a row's numbers depend a
 little on how many rows share its forward, as they do in any batched engine. Sampled answers (temperature > 0) draw
@@ -41,6 +42,7 @@ class _SlotLayer(DynamicLayer):
         super().__init__()
         self.capacity = capacity
         self.cols = 0
+        self.lo = 0  # the first column a forward attends to (no live slot starts before it)
 
     def allocate(self, slots: int, heads: int, k_dim: int, v_dim: int, dtype, device) -> None:
         self.buf_k = torch.zeros(slots, heads, self.capacity, k_dim, dtype=dtype, device=device)
@@ -51,7 +53,7 @@ class _SlotLayer(DynamicLayer):
         n, c = key_states.shape[-2], self.cols
         self.buf_k[:, :, c : c + n] = key_states
         self.buf_v[:, :, c : c + n] = value_states
-        self.keys, self.values = self.buf_k[:, :, : c + n], self.buf_v[:, :, : c + n]
+        self.keys, self.values = self.buf_k[:, :, self.lo : c + n], self.buf_v[:, :, self.lo : c + n]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -83,10 +85,10 @@ class _Batch:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
 
-    def _set_cols(self, cols: int) -> None:
+    def _set_cols(self, cols: int, lo: int = 0) -> None:
         self.cols = cols
         for layer in self.layers:
-            layer.cols = cols
+            layer.cols, layer.lo = cols, lo
 
     def _shift(self, by: int) -> None:
         """Move every column by `by` (left < 0 < right): the live columns keep their contents and positions."""
@@ -163,8 +165,10 @@ class _Batch:
         self.make_room(0, 1)
         c = self.cols
         starts = torch.tensor([s.start if s.live else c for s in self.slots])
-        col = torch.arange(c + 1)
-        allowed = ((col[None, :] >= starts[:, None]) & (col[None, :] <= c))[:, None, :]  # [slots, 1, c + 1]
+        lo = int(starts.min())
+        self._set_cols(c, lo)  # attend over [lo, c]: no live slot holds a column before lo
+        col = torch.arange(lo, c + 1)
+        allowed = ((col[None, :] >= starts[:, None]) & (col[None, :] <= c))[:, None, :]  # [slots, 1, c + 1 - lo]
         q_pos = (c - starts)[:, None]
         k_pos = col[None, :] - starts[:, None]
         mask = window_masks(self.config, allowed, q_pos, k_pos, lambda a: additive_mask(a, self.dtype))
