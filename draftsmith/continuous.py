@@ -24,13 +24,21 @@ each token with one generator per run, seeded: the same prompts, order and setti
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from draftsmith.modeling import additive_mask, output_head, rollback_cache, text_config, window_masks
+from draftsmith.errors import DraftsmithError
+from draftsmith.modeling import (
+    additive_mask,
+    base_decoder,
+    output_head,
+    rollback_cache,
+    text_config,
+    window_masks,
+)
 from draftsmith.sampling import SamplingParams, sample, warp_probs
 
 
@@ -65,17 +73,75 @@ class _Slot:
     key: object = None
     start: int = 0
     tokens: list | None = None  # None: free
+    finish: str | None = (
+        None  # set when the answer ended; with capture, the slot feeds its last token once more
+    )
+    feats: list = field(default_factory=list)  # captured hidden states, one {name: [n, D]} per forward
 
     @property
     def live(self) -> bool:
         return self.tokens is not None
 
 
+@dataclass
+class Answer:
+    """One answered prompt: its key, the response ids (ending with an end-of-sequence id when finish is "stop",
+    else cut at max_new_tokens: "length"), and with capture the target's hidden states over prompt + response
+    ({"last": [T, H] final normed state, "aux": [T, len(layers) * H] the captured layers' inputs}; else None)."""
+
+    key: object
+    tokens: list[int]
+    finish: str
+    features: dict[str, torch.Tensor] | None = None
+
+
+class _Recorder:
+    """Forward hooks keeping, per forward, what a head trains on: HF's hidden_states[i] for i in `layers` (the input
+    of decoder layer i; i = the number of layers is the final normed state) and the final normed state itself
+    (heads.hidden.target_features' "aux" and "last", read here from the forwards that decode instead of a second
+    pass over the text)."""
+
+    def __init__(self, model, layers: Sequence[int], dtype: torch.dtype):
+        dec = base_decoder(model)
+        n = len(dec.layers)
+        bad = [i for i in layers if not 0 <= i <= n]
+        if bad:
+            raise DraftsmithError(f"capture layers {bad} are outside the target's hidden_states indices [0, {n}]")
+        self.layers, self.dtype, self.out = list(layers), dtype, {}
+        self.handles = [
+            dec.layers[i].register_forward_pre_hook(self._input(i), with_kwargs=True) for i in self.layers if i < n
+        ]
+        self.handles.append(dec.norm.register_forward_hook(self._final(n)))
+
+    def _input(self, i: int):
+        def hook(_m, args, kwargs):
+            self.out[i] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def _final(self, n: int):
+        def hook(_m, _args, out):
+            self.out["last"] = self.out[n] = out
+
+        return hook
+
+    def rows(self, r: int, cols: slice) -> dict[str, torch.Tensor]:
+        """Row r's states at `cols` of the last forward, on the CPU in the capture dtype."""
+        keep = {"last": self.out["last"][r, cols]}
+        if self.layers:
+            keep["aux"] = torch.cat([self.out[i][r, cols] for i in self.layers], -1)
+        return {k: v.to("cpu", self.dtype) for k, v in keep.items()}
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 class _Batch:
     """The slots, their cache and the column bookkeeping (module docstring)."""
 
-    def __init__(self, model, slots: int, capacity: int):
-        self.model, self.config = model, model.config
+    def __init__(self, model, slots: int, capacity: int, recorder: _Recorder | None = None):
+        self.model, self.config, self.recorder = model, model.config, recorder
         self.layers = [_SlotLayer(capacity) for _ in range(text_config(model.config).num_hidden_layers)]
         self.cache = DynamicCache()
         self.cache.layers = self.layers
@@ -150,6 +216,8 @@ class _Batch:
                 mine.buf_k[b, :, self.cols - p : self.cols] = theirs.keys[r, :, width - p :]
                 mine.buf_v[b, :, self.cols - p : self.cols] = theirs.values[r, :, width - p :]
             self.slots[b] = _Slot(key=key, start=self.cols - p, tokens=[])
+            if self.recorder is not None:
+                self.slots[b].feats.append(self.recorder.rows(r, slice(width - p, width)))
             out.append((b, int(first[r])))
         return out
 
@@ -168,7 +236,9 @@ class _Batch:
         lo = int(starts.min())
         self._set_cols(c, lo)  # attend over [lo, c]: no live slot holds a column before lo
         col = torch.arange(lo, c + 1)
-        allowed = ((col[None, :] >= starts[:, None]) & (col[None, :] <= c))[:, None, :]  # [slots, 1, c + 1 - lo]
+        allowed = ((col[None, :] >= starts[:, None]) & (col[None, :] <= c))[
+            :, None, :
+        ]  # [slots, 1, c + 1 - lo]
         q_pos = (c - starts)[:, None]
         k_pos = col[None, :] - starts[:, None]
         mask = window_masks(self.config, allowed, q_pos, k_pos, lambda a: additive_mask(a, self.dtype))
@@ -181,6 +251,10 @@ class _Batch:
             logits_to_keep=1,
         ).logits[:, -1]
         self._set_cols(c + 1)
+        if self.recorder is not None:
+            for b, s in enumerate(self.slots):
+                if s.live:
+                    s.feats.append(self.recorder.rows(b, slice(0, 1)))
         return _pick(logits, params, gen)
 
 
@@ -218,11 +292,15 @@ def answer(
     sampling: SamplingParams | None = None,
     seed: int = 0,
     admit_every: int | None = None,
-) -> Iterator[tuple[object, list[int], str]]:
+    capture: Sequence[int] | None = None,
+    capture_dtype: torch.dtype = torch.bfloat16,
+) -> Iterator[Answer]:
     """Answer `prompts` ((key, prompt ids) each, prefilled in the order given: sort them by length for less
-    padding) with `model`: yields (key, response ids, finish) as each ends, finish "stop" (the response ends with
-    its end-of-sequence id) or "length". admit_every: prefill new prompts once this many slots are free (default
-    slots // 8, at least 1; fewer, larger prefills waste less on padding)."""
+    padding) with `model`: yields an Answer as each ends. admit_every: prefill new prompts once this many slots are
+    free (default slots // 8, at least 1; fewer, larger prefills waste less on padding). capture: hidden_states
+    indices whose states (layer inputs) each Answer carries with the final normed state, over prompt + response,
+    in `capture_dtype` -- what a head trains on, taken from the forwards that decode (an answer's slot feeds its
+    last token once more for its states)."""
     params = sampling or SamplingParams()
     gen = torch.Generator().manual_seed(seed)
     eos = set(int(e) for e in eos)
@@ -231,39 +309,52 @@ def answer(
         return
     longest = max(len(ids) for _, ids in queue)
     slots = max(1, min(slots, len(queue)))
+    recorder = _Recorder(model, capture, capture_dtype) if capture is not None else None
     # room for the longest live sequence and as many columns again before a compaction
-    batch = _Batch(model, slots, capacity=2 * (longest + max_new_tokens + 1))
+    batch = _Batch(model, slots, capacity=2 * (longest + max_new_tokens + 2), recorder=recorder)
     admit_every = max(1, admit_every or slots // 8)
     last = torch.zeros(slots, dtype=torch.long)
     nxt = 0
-    with dense_head_input(model):
-        while True:
-            free = [b for b, s in enumerate(batch.slots) if not s.live]
-            live = len(batch.slots) - len(free)
-            if (
-                nxt < len(queue)
-                and free
-                and (len(free) >= admit_every or live == 0 or nxt + len(free) >= len(queue))
-            ):
-                take = queue[nxt : nxt + len(free)]
-                nxt += len(take)
-                for b, tok in batch.admit(free[: len(take)], take, params, gen):
-                    last[b] = tok
-                    yield from _record(batch, b, tok, eos, max_new_tokens)
-                continue
-            if live == 0:
-                return
-            out = batch.step(last, params, gen)
-            for b, s in enumerate(batch.slots):
-                if s.live:
-                    last[b] = out[b]
-                    yield from _record(batch, b, int(out[b]), eos, max_new_tokens)
+    try:
+        with dense_head_input(model):
+            while True:
+                free = [b for b, s in enumerate(batch.slots) if not s.live]
+                live = len(batch.slots) - len(free)
+                if (
+                    nxt < len(queue)
+                    and free
+                    and (len(free) >= admit_every or live == 0 or nxt + len(free) >= len(queue))
+                ):
+                    take = queue[nxt : nxt + len(free)]
+                    nxt += len(take)
+                    for b, tok in batch.admit(free[: len(take)], take, params, gen):
+                        last[b] = tok
+                        yield from _record(batch, b, tok, eos, max_new_tokens)
+                    continue
+                if live == 0:
+                    return
+                out = batch.step(last, params, gen)
+                for b, s in enumerate(batch.slots):
+                    if s.live:
+                        last[b] = out[b]
+                        yield from _record(batch, b, int(out[b]), eos, max_new_tokens)
+    finally:
+        if recorder is not None:
+            recorder.close()
 
 
 def _record(batch: _Batch, b: int, tok: int, eos: set, max_new_tokens: int):
-    """Append `tok` to slot b's answer; yield the answer and free the slot when it ended."""
+    """Slot b's forward gave `tok`: append it to the answer, or, for an answer that ended at the forward before
+    (capture: its last token has now been fed), yield the Answer and free the slot."""
     s = batch.slots[b]
-    s.tokens.append(tok)
-    if tok in eos or len(s.tokens) >= max_new_tokens:
-        yield s.key, s.tokens, "stop" if tok in eos else "length"
-        batch.slots[b] = _Slot()
+    if s.finish is None:
+        s.tokens.append(tok)
+        if tok in eos or len(s.tokens) >= max_new_tokens:
+            s.finish = "stop" if tok in eos else "length"
+        if s.finish is None or batch.recorder is not None:
+            return
+    feats = None
+    if batch.recorder is not None:
+        feats = {name: torch.cat([f[name] for f in s.feats]) for name in s.feats[0]}
+    yield Answer(s.key, s.tokens, s.finish, feats)
+    batch.slots[b] = _Slot()

@@ -86,6 +86,12 @@ def embedding_fingerprint(emb: torch.Tensor) -> list[float]:
     return [round(float(rows.mean()), 6), round(float(rows.norm()), 4), round(float(rows[:, 0].sum()), 5)]
 
 
+def target_fingerprint(model) -> list[float]:
+    """embedding_fingerprint of a causal LM's input embeddings: what heads, caches and captured states record of
+    the target they were made with."""
+    return embedding_fingerprint(base_decoder(model).embed_tokens.weight)
+
+
 def fingerprints_match(recorded: list[float], have: list[float]) -> bool:
     return all(abs(a - b) <= 2e-2 * max(1.0, abs(a)) for a, b in zip(recorded, have))
 

@@ -161,11 +161,10 @@ def check_checkpoint_files(ckpt: Path) -> None:
             ) from None
 
 
-def claim_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, overwrite: bool) -> TextIO:
-    """Check `out_dir` again, lock it, clear it for --overwrite and write run.yaml. Main process only.
-    Returns the open lock file: the lock lasts until it is closed (or the process dies)."""
+def lock_dir(out_dir: str | Path, what: str = "output_dir") -> TextIO:
+    """Create `out_dir` and hold its lock (out_dir/.lock, flock'ed, naming this process) until the returned file is
+    closed or the process dies; refused in one line while another live process holds it."""
     out = Path(out_dir)
-    check_out_dir(out, run_config, resume, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     fh = (out / LOCK_FILE).open("a+")
     try:
@@ -174,13 +173,20 @@ def claim_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, ov
         fh.seek(0)
         holder = fh.read().strip() or "another process"
         fh.close()
-        raise DraftsmithError(
-            f"{out} is in use by a live run ({holder}); wait for it or use another output_dir"
-        ) from None
+        raise DraftsmithError(f"{out} is in use by a live run ({holder}); wait for it or use another {what}") from None
     fh.seek(0)
     fh.truncate()
     fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     fh.flush()
+    return fh
+
+
+def claim_out_dir(out_dir: str | Path, run_config: dict | None, resume: bool, overwrite: bool) -> TextIO:
+    """Check `out_dir` again, lock it, clear it for --overwrite and write run.yaml. Main process only.
+    Returns the open lock file: the lock lasts until it is closed (or the process dies)."""
+    out = Path(out_dir)
+    check_out_dir(out, run_config, resume, overwrite)
+    fh = lock_dir(out)
     if overwrite and has_run(out):
         for name in ("checkpoints", "final", "lightning_logs"):
             shutil.rmtree(out / name, ignore_errors=True)

@@ -32,8 +32,10 @@ import torch
 
 from draftsmith import continuous
 from draftsmith.errors import DraftsmithError
-from draftsmith.fileio import check_output_dir, write_json, write_text
+from draftsmith.fileio import atomic_write, check_output_dir, write_json, write_text
+from draftsmith.modeling import target_fingerprint, text_config
 from draftsmith.models import eos_token_ids
+from draftsmith.rundir import lock_dir, lock_holder
 from draftsmith.sampling import SamplingParams
 from draftsmith.serving import ServerClient
 
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 FORMAT = "draftsmith-generated/1"
+FEATURES = "_features"
+"""A row's captured hidden states while it waits for its shard (never written into the JSON rows)."""
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,6 +96,7 @@ def generate_dataset(
     server: str | None = None,
     served_model: str | None = None,
     parallel: int = 4,
+    capture_layers: list[int] | None = None,
 ) -> Path:
     """Have `target` answer the prompts in `prompts` (a source for draftsmith.prompts.load_prompts, or a list of
     Prompt) and write a resumable token-id dataset to `out_dir`: settings checked against an existing folder,
@@ -105,7 +110,12 @@ def generate_dataset(
 
     server: answer through an OpenAI-compatible server at this URL instead of loading `target` (its tokenizer and
     config still come from `target`), `parallel` requests at once; "auto" starts llama.cpp's llama-server for a GGUF
-    or embedded target. served_model: the server's id of the target's model (default: the one it serves)."""
+    or embedded target. served_model: the server's id of the target's model (default: the one it serves).
+
+    capture_layers: also keep, beside each shard, the target's hidden states over every row's prompt + response
+    (the inputs of these hidden_states layers and the final normed state, bf16; `features` in the manifest), taken
+    from the forwards that decode: a heads run whose cache needs a subset of them reads them instead of running the
+    target over the text again (heads.hidden.fill_from_generated). Local answering only."""
     from draftsmith import models
     from draftsmith.prompts import check_limit, is_eval_source, load_prompts
 
@@ -120,6 +130,11 @@ def generate_dataset(
         raise DraftsmithError("max_new_tokens, batch_size, shard_size and parallel must be >= 1")
     if server is not None and model is not None:
         raise DraftsmithError("pass a loaded model or a server, not both")
+    if capture_layers is not None and server is not None:
+        raise DraftsmithError(
+            "capture_layers keeps the hidden states of the forwards that decode here; a server's are out of reach: "
+            "drop --server or --capture-layers"
+        )
     gguf = _auto_server_gguf(target) if server == "auto" else None
     client = ServerClient(server, served_model) if server not in (None, "auto") else None
     check_limit(limit)
@@ -128,6 +143,11 @@ def generate_dataset(
         raise DraftsmithError("pass limit (the first N prompts) or sample (N at random), not both")
     device = models.parse_device(device) if model is None else device
     out = check_output_dir(out_dir)  # before any model loads (a rerun into the same folder resumes)
+    holder = lock_holder(out)
+    if holder:
+        raise DraftsmithError(
+            f"{out} is being written by a live generate run ({holder}); wait for it to finish or stop it"
+        )
     settings = {
         "target": str(target),
         "prompts": source,
@@ -141,6 +161,7 @@ def generate_dataset(
         "seed": seed,
         "max_prompt_tokens": max_prompt_tokens,
         "engine": "transformers" if server is None else "server",
+        "capture_layers": sorted(set(capture_layers)) if capture_layers is not None else None,
     }
     if (
         client is not None
@@ -160,6 +181,13 @@ def generate_dataset(
     config = model.config if model is not None else models.load_config(target)
     done = {row["id"] for row in _iter_rows(out, manifest)} if manifest else set()
     ctx = getattr(config, "max_position_embeddings", None)
+    if capture_layers is not None:
+        n = text_config(config).num_hidden_layers
+        bad = [i for i in capture_layers if not 0 <= int(i) <= n]
+        if bad:
+            raise DraftsmithError(
+                f"capture layers {bad} are outside {target}'s hidden_states indices [0, {n}]; list layers in range"
+            )
     # prompts that do not fit the context are refused before the weights load
     todo = _select_prompts(plist, done, tokenizer, ctx, max_new_tokens, skip_long, max_prompt_tokens)
     if server is None:
@@ -192,14 +220,22 @@ def generate_dataset(
         }
         if server is not None:
             manifest["server"] = server_info
-        out.mkdir(parents=True, exist_ok=True)
+        if capture_layers is not None:
+            manifest["features"] = {
+                "layers": settings["capture_layers"],
+                "hidden_size": int(text_config(config).hidden_size),
+                "dtype": "bfloat16",
+                "target_fingerprint": target_fingerprint(model),
+            }
+        stack.enter_context(lock_dir(out, "--out"))  # one writer per folder: two would write the same shards
         write_json(out / MANIFEST, manifest)
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(todo), desc="generate", unit="prompt", disable=not progress)
         t0 = time.perf_counter()
         if client is None:
-            rows = _answer_local(model, todo, eos, max_new_tokens, sampling, seed, batch_size, bar)
+            rows = _answer_local(model, todo, eos, max_new_tokens, sampling, seed, batch_size, bar,
+                                 settings["capture_layers"])  # fmt: skip
         else:
             rows = _answer_server(client, settings["served_model"], todo, eos, max_new_tokens, sampling, seed,
                                   parallel, bar)  # fmt: skip
@@ -237,8 +273,16 @@ def _auto_server_gguf(target: str) -> Path:
 
 def _check_existing(out: Path, settings: dict) -> dict | None:
     """The manifest of an earlier run in `out` (None if new); refused when made with other settings. `limit` and
-    `sample` may grow between runs: a larger one extends the dataset with the prompts not yet answered."""
+    `sample` may grow between runs: a larger one extends the dataset with the prompts not yet answered. Capture
+    may start in a folder that has none (its earlier rows simply have no states), never change its layers."""
     manifest = _read_manifest(out)
+    held = ((manifest or {}).get("features") or {}).get("layers")
+    want = settings.get("capture_layers")
+    if held is not None and want is not None and held != want:
+        raise DraftsmithError(
+            f"{out} holds hidden states of layers {held}; pass --capture-layers {','.join(map(str, held))} "
+            "or use another --out"
+        )
     earlier = {
         "engine": "transformers",
         **(manifest or {}).get("settings", {}),
@@ -246,7 +290,9 @@ def _check_existing(out: Path, settings: dict) -> dict | None:
     differs = [
         k
         for k in settings
-        if k not in ("limit", "sample") and manifest is not None and earlier.get(k) != settings[k]
+        if k not in ("limit", "sample", "capture_layers")
+        and manifest is not None
+        and earlier.get(k) != settings[k]
     ]
     if differs:  # (a key missing from an older manifest reads as None, the default)
         diff = differs[0]
@@ -288,20 +334,26 @@ def _select_prompts(plist, done, tokenizer, ctx, max_new_tokens, skip_long, max_
     return todo
 
 
-def _answer_local(model, todo, eos, max_new_tokens, sampling, seed, batch_size, bar):
+def _answer_local(model, todo, eos, max_new_tokens, sampling, seed, batch_size, bar, capture=None):
     """Rows for `todo`, answered by the loaded model with continuous batching (draftsmith.continuous: `batch_size`
-    sequences in flight, a finished one replaced by the next prompt at once); one row per list, as each ends."""
+    sequences in flight, a finished one replaced by the next prompt at once); one row per list, as each ends. With
+    `capture`, a row holds its hidden states under FEATURES until its shard is written."""
     t0, n_tokens = time.perf_counter(), 0
     by_key = {key: (p, ids) for key, p, ids in todo}
     prompts = [(key, ids) for key, _, ids in todo]
-    for key, resp, finish in continuous.answer(
-        model, prompts, eos, max_new_tokens=max_new_tokens, slots=batch_size, sampling=sampling, seed=seed
-    ):
-        p, ids = by_key[key]
-        n_tokens += len(resp)
+    answers = continuous.answer(
+        model, prompts, eos, max_new_tokens=max_new_tokens, slots=batch_size, sampling=sampling, seed=seed,
+        capture=capture,
+    )  # fmt: skip
+    for a in answers:
+        p, ids = by_key[a.key]
+        n_tokens += len(a.tokens)
         bar.update(1)
         bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - t0):.0f}", refresh=False)
-        yield [_row(key, p, ids, resp, finish)]
+        row = _row(a.key, p, ids, a.tokens, a.finish)
+        if a.features is not None:
+            row[FEATURES] = a.features
+        yield [row]
 
 
 def _answer_server(client, served_model, todo, eos, max_new_tokens, sampling, seed, parallel, bar):
@@ -375,9 +427,18 @@ def _cut_at_eos(resp: list[int], eos: list[int]) -> tuple[list[int], str]:
 
 
 def _flush(out: Path, manifest: dict, rows: list[dict]) -> None:
+    """Write `rows` as the next shard (its captured states first, as a safetensors file beside it), then list it
+    in the manifest: a shard the manifest names is complete."""
+    from safetensors.torch import save_file
+
     name = f"shard-{len(manifest['shards']):05d}.jsonl"
+    entry = {"file": name, "n_rows": len(rows)}
+    feats = {f"{r['id']}.{k}": t.contiguous() for r in rows for k, t in r.pop(FEATURES, {}).items()}
+    if feats:
+        entry["features"] = name.replace(".jsonl", ".features.safetensors")
+        atomic_write(out / entry["features"], lambda tmp: save_file(feats, str(tmp)))
     write_text(out / name, "".join(json.dumps(row) + "\n" for row in rows))
-    manifest["shards"].append({"file": name, "n_rows": len(rows)})
+    manifest["shards"].append(entry)
     manifest["n_rows"] += len(rows)
     write_json(out / MANIFEST, manifest)
 
@@ -417,6 +478,23 @@ def load_generated(path: str | Path, limit: int | None = None) -> list[dict]:
     if not rows:
         raise DraftsmithError(f"{out} holds no generated rows yet; run draftsmith generate into it")
     return rows
+
+
+def generated_features(path: str | Path) -> tuple[dict, dict[str, Path]] | None:
+    """The hidden states `capture_layers` stored in a generate folder: (the manifest's `features` record -- layers,
+    hidden_size, dtype, target_fingerprint --, {row id: its features file}); None for a folder without them. A
+    file's tensors are "{id}.last" [T, H] and "{id}.aux" [T, len(layers) * H] over prompt + response."""
+    out = Path(path)
+    manifest = _read_manifest(out) if out.is_dir() else None
+    if manifest is None or "features" not in manifest:
+        return None
+    files: dict[str, Path] = {}
+    for shard in manifest["shards"]:
+        if "features" in shard:
+            with (out / shard["file"]).open() as fh:
+                for line in fh:
+                    files[str(json.loads(line)["id"])] = out / shard["features"]
+    return manifest["features"], files
 
 
 def data_files(path: str | Path) -> list[str]:

@@ -24,16 +24,12 @@ from draftsmith.acceptance import rounds_along_text, tau_from_conditional
 from draftsmith.checkpoint import read_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import replace_dir
-from draftsmith.modeling import base_decoder, embedding_fingerprint, fingerprints_match
+from draftsmith.modeling import fingerprints_match, target_fingerprint
 
 log = logging.getLogger(__name__)
 
 LossKind = divergences.LossKind
 """A head's per-step loss: an entry of draftsmith.divergences.LOSSES (soft_ce, the native one, or a divergence)."""
-
-
-def target_fingerprint(model) -> list[float]:
-    return embedding_fingerprint(base_decoder(model).embed_tokens.weight)
 
 
 def target_info(model) -> dict[str, Any]:

@@ -24,7 +24,7 @@ def load_examples(
     loss_on_prompt: bool = False,
     tokenizer=None,
 ) -> list[dict]:
-    """Training conversations -> [{"index", "input_ids", "loss_mask", "response_mask", "source"}].
+    """Training conversations -> [{"index", "id", "input_ids", "loss_mask", "response_mask", "source"}].
 
     `sources`: one source or a list mixing `draftsmith generate` folders (target-answered prompts) and fixed
     prompt+response files (.jsonl/.json/.parquet, or `builtin:train-text`; read by
@@ -48,6 +48,7 @@ def load_examples(
                 out.append(
                     {
                         "index": index,
+                        "id": e.id,
                         "input_ids": ids,
                         "loss_mask": mask,
                         "response_mask": resp,

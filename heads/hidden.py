@@ -31,8 +31,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import atomic_write, check_output_dir, write_json
-from draftsmith.heads.common import target_fingerprint
-from draftsmith.modeling import base_decoder
+from draftsmith.modeling import base_decoder, target_fingerprint
 
 log = logging.getLogger(__name__)
 HiddenMode = Literal["online", "offline", "hybrid"]
@@ -307,6 +306,54 @@ class HiddenStates:
             cols = [self.stored.index(i) for i in self.aux_layers]
             out["aux"] = torch.cat([feats["aux"][..., j * h : (j + 1) * h] for j in cols], -1)
         return out
+
+
+def fill_from_generated(cache: HiddenStateCache, examples: list[dict], target) -> int:
+    """Put into `cache` the states that `draftsmith generate --capture-layers` kept beside the rows the examples
+    came from (draftsmith.selfdistill.generated_features), where they hold the cache's layers and were captured
+    from this target: those examples need no target pass. Returns how many it put; a folder whose states do not
+    fit is named in one log line and left to the target."""
+    from safetensors import safe_open
+
+    from draftsmith.modeling import fingerprints_match
+    from draftsmith.selfdistill import generated_features
+
+    todo: dict[str, list[dict]] = {}
+    for e in examples:
+        if e["index"] not in cache:
+            todo.setdefault(e["source"], []).append(e)
+    have = target_fingerprint(target)
+    n = 0
+    for source, rows in todo.items():
+        found = generated_features(source) if Path(source).is_dir() else None
+        if found is None:
+            continue
+        meta, files = found
+        stored = list(meta["layers"])
+        missing = sorted(set(cache.spec.aux_layers) - set(stored))
+        if missing or meta["hidden_size"] != cache.spec.hidden_size:
+            log.info("%s: its captured states lack layers %s; the target computes them", source, missing)
+            continue
+        if not fingerprints_match(meta["target_fingerprint"], have):
+            log.info("%s: its states were captured from another target; the target computes them", source)
+            continue
+        cols = [stored.index(i) for i in cache.spec.aux_layers]
+        h = cache.spec.hidden_size
+        handles: dict[Path, object] = {}
+        for e in rows:
+            f = files.get(str(e["id"]))
+            if f is None:
+                continue
+            fh = handles.get(f) or handles.setdefault(f, safe_open(str(f), framework="pt"))
+            t = len(e["input_ids"])
+            feats = {"last": fh.get_tensor(f"{e['id']}.last")[:t]}
+            if cols:
+                aux = fh.get_tensor(f"{e['id']}.aux")[:t]
+                feats["aux"] = torch.cat([aux[:, j * h : (j + 1) * h] for j in cols], -1)
+            cache.put(e["index"], feats)
+            n += 1
+    cache.flush()
+    return n
 
 
 def build_cache(

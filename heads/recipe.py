@@ -32,6 +32,7 @@ from draftsmith.heads.hidden import (
     build_cache,
     bytes_per_token,
     check_cache_dir,
+    fill_from_generated,
 )
 from draftsmith.heads.io import ACCURACY_FILE, save_head
 from draftsmith.heads.kinds import HEAD_KINDS, head_kind, trained_kinds
@@ -266,7 +267,7 @@ def run_heads(
     cache_kind, aux = rec.training.features(head)
     cache_dtype = _cache_dtype(cfg, target)
     # a kind that trains the target computes its states every step: no cache
-    cache = None if setup.target_training is not None else _cache(cfg, accelerator, target, train_ex, cache_kind, aux, cache_dtype, fingerprint, progress)  # fmt: skip
+    cache = None if setup.target_training is not None else _cache(cfg, accelerator, target, train_ex, eval_ex, cache_kind, aux, cache_dtype, fingerprint, progress)  # fmt: skip
     mode = cfg.data.hidden_states if cache is not None else "online"
     # a shared cache (a superset of this kind's layers) makes hybrid runs fill in all of its tensors
     hidden = HiddenStates(mode, target, aux, cache)
@@ -332,7 +333,7 @@ def _cache_path(cfg: HeadsConfig) -> str:
 
 
 def _cache(
-    cfg, accelerator, target, train_ex, kind, aux, dtype, fingerprint, progress
+    cfg, accelerator, target, train_ex, eval_ex, kind, aux, dtype, fingerprint, progress
 ) -> HiddenStateCache | None:
     """The hidden-state cache of an offline / hybrid run (offline: filled now, by every rank's share), else None."""
     if cfg.data.hidden_states == "online":
@@ -341,6 +342,14 @@ def _cache(
     spec = CacheSpec(kind, layers, target.config.hidden_size, dtype, fingerprint)
     path = _cache_path(cfg)
     rank, shard = accelerator.process_index, cfg.data.shard_size
+    cache = HiddenStateCache(path, spec, target, rank=rank, shard_size=shard)
+    if rank == 0:  # states `draftsmith generate --capture-layers` kept: no target pass for those examples
+        n = fill_from_generated(cache, train_ex + eval_ex, target)
+        if n:
+            accelerator.print(
+                f"hidden-state cache {path}: {n} examples' states read from their generate folders"
+            )
+    accelerator.wait_for_everyone()
     cache = HiddenStateCache(path, spec, target, rank=rank, shard_size=shard)
     if cfg.data.hidden_states == "offline":
         build_cache(target, train_ex, cache, batch_size=cfg.train.batch_size, progress=progress, rank=rank,

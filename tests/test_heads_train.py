@@ -417,3 +417,86 @@ def test_a_data_engine_recipe_writes_loadable_snapshots(path, tiny_dirs, generat
         prop = build_proposer(f"eagle:{snap}", DrafterContext(target, None, torch.device("cpu")))
         assert prop.hidden_state_layers
     assert sorted(evals) == [0, 1, 2, 3] and (out / "final" / "model.safetensors").is_file()
+
+
+def test_states_captured_while_generating_fill_the_cache_without_the_target(tiny_dirs, tmp_path, monkeypatch):
+    """`generate --capture-layers` keeps the states of the forwards that decoded; a heads run whose cache needs a
+    subset of them reads them (no target pass over those examples) and gets what the target computes; a folder
+    captured without a layer the cache needs, or from another target, is left to the target."""
+    import draftsmith.heads.hidden as hidden_mod
+    from draftsmith.heads.data import collate, load_examples
+    from draftsmith.heads.hidden import CacheSpec, HiddenStateCache, HiddenStates, fill_from_generated
+    from draftsmith.models import load_model
+    from draftsmith.prompts import Prompt
+    from draftsmith.selfdistill import generate_dataset, generated_features
+
+    prompts = [
+        Prompt(messages=[{"role": "user", "content": f"Say {i} things about the sea."}], id=str(i))
+        for i in range(7)
+    ]
+    kw = {"max_new_tokens": 30, "batch_size": 3, "shard_size": 3, "progress": False}
+    gen = generate_dataset(tiny_dirs["target"], prompts, tmp_path / "gen", capture_layers=[2, 0, 1], **kw)
+    meta, files = generated_features(gen)
+    assert (
+        meta["layers"] == [0, 1, 2] and len(files) == 7 and len(set(files.values())) == 3
+    )  # a file per shard
+    target = load_model(tiny_dirs["target"], device="cpu")
+    ex = load_examples(str(gen), max_length=40)  # some cut: the stored states are cut the same way
+    assert any(len(e["input_ids"]) == 40 for e in ex)
+    calls = []
+    real = hidden_mod.target_features
+    monkeypatch.setattr(hidden_mod, "target_features", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    cache = HiddenStateCache(tmp_path / "c", CacheSpec("eagle3", [2, 0], 64, "bfloat16"), target)
+    assert fill_from_generated(cache, ex, target) == len(ex) and not calls
+    batch = collate(ex[:4])
+    got = HiddenStates("offline", target, [2, 0], HiddenStateCache(tmp_path / "c", cache.spec, target))(batch)
+    ref = HiddenStates("online", target, [2, 0])(batch)
+    valid = batch["attention_mask"].bool()
+    for key in ("aux", "last"):  # bf16 storage of fp32 states
+        torch.testing.assert_close(got[key][valid], ref[key][valid], rtol=1e-2, atol=2e-2)
+    # a hybrid heads run on that folder reads every example's states from it: the target never runs over the text
+    calls.clear()
+    run = _cfg(tiny_dirs, str(gen), tmp_path / "run", "eagle3", "train.max_steps=2", "data.hidden_states=hybrid",
+               "head.aux_layers=0,1,2", f"data.hidden_cache={tmp_path / 'run-cache'}")  # fmt: skip
+    run_heads(run, make_accelerator(run.train), progress=False)
+    assert not calls and (tmp_path / "run" / "final").is_dir()
+    # a cache needing a layer the folder lacks, or another target, reads nothing from it
+    narrow = generate_dataset(tiny_dirs["target"], prompts, tmp_path / "narrow", capture_layers=[1], **kw)
+    ex1 = load_examples(str(narrow), max_length=40)
+    lacking = HiddenStateCache(tmp_path / "c1", CacheSpec("eagle3", [0, 1], 64, "bfloat16"), target)
+    assert fill_from_generated(lacking, ex1, target) == 0
+    other = load_model(tiny_dirs["draft"], device="cpu")
+    foreign = HiddenStateCache(tmp_path / "c2", CacheSpec("medusa", [], 64, "bfloat16"), other)
+    assert fill_from_generated(foreign, ex, other) == 0
+
+
+def test_capture_is_refused_with_a_server_and_for_layers_out_of_range(tiny_dirs, tmp_path):
+    from draftsmith.selfdistill import generate_dataset
+
+    with pytest.raises(DraftsmithError, match="drop --server or --capture-layers"):
+        generate_dataset(
+            tiny_dirs["target"],
+            "builtin:train",
+            tmp_path / "a",
+            server="http://127.0.0.1:9",
+            capture_layers=[1],
+        )
+    with pytest.raises(DraftsmithError, match=r"outside .* hidden_states indices \[0, 2\]"):
+        generate_dataset(tiny_dirs["target"], "builtin:train", tmp_path / "b", capture_layers=[3], limit=2)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_capture_may_start_in_a_folder_without_states_but_never_changes_layers(tiny_dirs, tmp_path):
+    from draftsmith.prompts import Prompt
+    from draftsmith.selfdistill import generate_dataset, generated_features
+
+    prompts = [Prompt(messages=[{"role": "user", "content": f"Count to {i}."}], id=str(i)) for i in range(4)]
+    kw = {"max_new_tokens": 5, "batch_size": 2, "shard_size": 2, "progress": False}
+    out = tmp_path / "gen"
+    generate_dataset(tiny_dirs["target"], prompts, out, limit=2, **kw)
+    assert generated_features(out) is None
+    generate_dataset(tiny_dirs["target"], prompts, out, limit=4, capture_layers=[1], **kw)
+    meta, files = generated_features(out)
+    assert meta["layers"] == [1] and sorted(files) == ["2", "3"]  # the earlier rows have none
+    with pytest.raises(DraftsmithError, match="pass --capture-layers 1"):
+        generate_dataset(tiny_dirs["target"], prompts, out, limit=4, capture_layers=[0, 1], **kw)

@@ -163,3 +163,18 @@ def test_sample_draws_a_seeded_random_set_that_a_larger_sample_extends(tiny_dirs
     with pytest.raises(DraftsmithError, match="not both"):
         _gen(tiny_dirs, prompt_file, tmp_path / "both", sample=2, limit=2)
     assert not (tmp_path / "both").exists()
+
+
+def test_a_folder_another_live_run_writes_is_refused(tiny_dirs, prompt_file, tmp_path):
+    from draftsmith.rundir import lock_dir
+
+    out = tmp_path / "gen"
+    held = lock_dir(out)  # as a generate run in another process holds it
+    try:
+        with pytest.raises(DraftsmithError, match="being written by a live generate run"):
+            _gen(tiny_dirs, prompt_file, out)
+        assert not (out / "manifest.json").exists()
+    finally:
+        held.close()
+    _gen(tiny_dirs, prompt_file, out)  # free again
+    assert (out / "manifest.json").is_file()

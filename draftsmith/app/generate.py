@@ -65,6 +65,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--parallel", type=int, default=4, help="with --server: requests in flight (server slots for auto)"
     )
+    p.add_argument(
+        "--capture-layers",
+        type=_layers,
+        default=None,
+        metavar="I,J,...",
+        help="also keep the target's hidden states over each answer (inputs of these hidden_states layers + the "
+        "final state, bf16, beside each shard): a heads run whose data.cache_layers they cover reads them instead "
+        "of running the target again (EAGLE-3 on the 1.5B: 2,14,25)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None)
     p.add_argument(
@@ -72,6 +81,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=DTYPE_HELP,
     )
+
+
+def _layers(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer indices") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         server=args.server,
         served_model=args.served_model,
         parallel=args.parallel,
+        capture_layers=args.capture_layers,
     )
     man = json.loads((out / MANIFEST).read_text())
     print(f"{out}: {man['n_rows']} rows in {len(man['shards'])} shards")
