@@ -106,10 +106,14 @@ class _Recorder:
         n = len(dec.layers)
         bad = [i for i in layers if not 0 <= i <= n]
         if bad:
-            raise DraftsmithError(f"capture layers {bad} are outside the target's hidden_states indices [0, {n}]")
+            raise DraftsmithError(
+                f"capture layers {bad} are outside the target's hidden_states indices [0, {n}]"
+            )
         self.layers, self.dtype, self.out = list(layers), dtype, {}
         self.handles = [
-            dec.layers[i].register_forward_pre_hook(self._input(i), with_kwargs=True) for i in self.layers if i < n
+            dec.layers[i].register_forward_pre_hook(self._input(i), with_kwargs=True)
+            for i in self.layers
+            if i < n
         ]
         self.handles.append(dec.norm.register_forward_hook(self._final(n)))
 

@@ -173,7 +173,9 @@ def lock_dir(out_dir: str | Path, what: str = "output_dir") -> TextIO:
         fh.seek(0)
         holder = fh.read().strip() or "another process"
         fh.close()
-        raise DraftsmithError(f"{out} is in use by a live run ({holder}); wait for it or use another {what}") from None
+        raise DraftsmithError(
+            f"{out} is in use by a live run ({holder}); wait for it or use another {what}"
+        ) from None
     fh.seek(0)
     fh.truncate()
     fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
