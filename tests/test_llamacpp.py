@@ -79,8 +79,16 @@ def tiny(tmp_path_factory):
         aux_layers=AUX, freeze_lm_head=True,
     )  # fmt: skip
     save_head(dflash, root / "dflash")
+    for name, vocab in (("dflash-own", torch.arange(model.config.vocab_size)),
+                        ("dflash-reduced", torch.arange(0, model.config.vocab_size, 2))):  # fmt: skip
+        torch.manual_seed(1)
+        own = DFlashDrafter.from_target(
+            model, draft_vocab_ids=vocab, mask_token_id=3, block_size=4, aux_layers=AUX, freeze_lm_head=False
+        )
+        save_head(own, root / name)
     return {"root": root, "target": target, "draft": draft, "head": root / "eagle3", "model": model,
-            "dflash": root / "dflash"}  # fmt: skip
+            "dflash": root / "dflash", "dflash-own": root / "dflash-own",
+            "dflash-reduced": root / "dflash-reduced"}  # fmt: skip
 
 
 # ---- refusals (no build needed) ---------------------------------------------------------------------------------
@@ -163,6 +171,47 @@ def test_converted_target_decodes_greedy_like_transformers(tiny, target_gguf):
             assert got["tokens"] == recompute_greedy(tiny["model"], torch.tensor([ids]), 16)
 
 
+def test_dflash_narrower_than_its_target_refused_for_gguf(tiny, tmp_path):
+    """llama.cpp sizes DFlash's fc by the draft's own width: a narrower drafter is refused before anything is read."""
+    from dataclasses import replace
+
+    from draftsmith.heads.block.dflash import DFlashDrafter
+    from draftsmith.heads.io import save_head
+
+    base = DFlashDrafter.from_target(
+        tiny["model"], draft_vocab_ids=torch.arange(0, tiny["model"].config.vocab_size, 2), mask_token_id=3,
+        block_size=4, aux_layers=AUX,
+    )  # fmt: skip
+    narrow = DFlashDrafter(
+        replace(base.config, hidden_size=32, intermediate_size=64, num_attention_heads=2), base.target
+    )
+    narrow.set_draft_vocab(base.vocab_ids)
+    save_head(narrow, tmp_path / "narrow")
+    with pytest.raises(DraftsmithError, match="llama.cpp sizes DFlash's fc .* must equal the target's"):
+        export(tmp_path / "narrow", "gguf", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.llamacpp
+@needs_build
+def test_dflash_reduced_vocab_gguf_export_files(tiny, tmp_path):
+    """A DFlash drafter with its own reduced vocabulary: one dflash GGUF whose d2t holds the draft rows' target ids
+    (llama.cpp scatters the draft logits through it) and whose output head has one row per draft token."""
+    from gguf import GGUFReader
+
+    out = export(tiny["dflash-reduced"], "gguf", tmp_path / "g", gguf_type="f32")
+    reader = GGUFReader(out / "dflash.f32.gguf")
+    assert reader.fields["general.architecture"].contents() == "dflash"
+    tensors = {t.name: t for t in reader.tensors}
+    vocab = tiny["model"].config.vocab_size
+    assert tensors["d2t"].data.tolist() == list(range(0, vocab, 2))
+    assert sorted(int(n) for n in tensors["output.weight"].shape) == sorted(
+        [vocab // 2, tiny["model"].config.hidden_size]
+    )
+    assert list(reader.fields["dflash.target_layers"].contents()) == AUX  # layer inputs, as for EAGLE-3
+    assert reader.fields["dflash.sample_from_anchor"].contents() is False
+
+
 @pytest.mark.llamacpp
 @needs_build
 def test_eagle3_gguf_export_files(tiny, tmp_path):
@@ -181,8 +230,10 @@ def test_eagle3_gguf_export_files(tiny, tmp_path):
 
 @pytest.mark.llamacpp
 @needs_build
-@pytest.mark.parametrize("kind", ["eagle3", "dflash", "draft"])
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "dflash-own", "dflash-reduced", "draft"])
 def test_speculative_in_engine_is_lossless_and_tau_matches_decoder(tiny, target_gguf, kind, monkeypatch):
+    """Every kind draftsmith exports to GGUF, in llama-server: DFlash with the target's frozen head, its own head
+    over the full vocabulary, and its own over a reduced one (d2t)."""
     from draftsmith.app.bench.engine import bench
 
     monkeypatch.setenv(
@@ -191,6 +242,8 @@ def test_speculative_in_engine_is_lossless_and_tau_matches_decoder(tiny, target_
     spec = {
         "eagle3": f"eagle3:{tiny['head']}",
         "dflash": f"dflash:{tiny['dflash']}",
+        "dflash-own": f"dflash:{tiny['dflash-own']}",
+        "dflash-reduced": f"dflash:{tiny['dflash-reduced']}",
         "draft": f"draft:{tiny['draft']}",
     }[kind]
     result = bench(str(tiny["target"]), [spec], PROMPTS, k=3, max_new_tokens=24, decoder=True, gguf_type="f32",
