@@ -447,7 +447,7 @@ def test_lossy_comparison_fails_the_check(tiny, target_gguf, noisy_gguf, near_gg
     rows = {"plain": honest["plain"], "honest": honest["d"], "lossy": lossy["d"]}
     checks = check_lossless(
         target_gguf, {"honest": (target_gguf, honest_flags), "lossy": (near_gguf, lossy_flags)}, encoded, rows,
-        context=256, threads=2,
+        max_new_tokens=32, context=256, threads=2,
     )  # fmt: skip
     assert checks["honest"] == {}
     assert checks["lossy"], "the near copy decoded the target's tokens on every prompt"

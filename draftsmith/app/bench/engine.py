@@ -303,7 +303,7 @@ def bench(
         rows = run_engine(gguf, engine_drafters, encoded, max_new_tokens, threads)
         checks = check_lossless(
             gguf, {d.name: (gguf, d.flags) for d in engine_drafters}, encoded, rows,
-            context=_context(encoded, max_new_tokens), threads=threads,
+            max_new_tokens=max_new_tokens, context=_context(encoded, max_new_tokens), threads=threads,
         )  # fmt: skip
         for name, parted in checks.items():
             for i, record in parted.items():

@@ -217,9 +217,16 @@ def first_difference(plain: list[int], spec: list[int]) -> int | None:
 
 
 def divergence(
-    scorer: PlainScorer, spec_server: llamacpp.LlamaServer, ids: list[int], plain: list[int], spec: list[int]
+    scorer: PlainScorer,
+    spec_server: llamacpp.LlamaServer,
+    ids: list[int],
+    plain: list[int],
+    spec: list[int],
+    max_new_tokens: int,
 ) -> dict:
-    """The record of one prompt whose speculative tokens part from the plain ones (module docstring)."""
+    """The record of one prompt whose speculative tokens part from the plain ones (module docstring); the
+    speculative request is made again with the timed run's `max_new_tokens` (the drafts near the end depend on
+    it)."""
     at = first_difference(plain, spec)
     rec: dict = {"at": at, "plain_token": None, "spec_token": None}
 
@@ -232,7 +239,7 @@ def divergence(
     if at == 0:
         return fail("the first token comes from the prompt's prefill in both runs")
     start = spec_server.log_size()
-    r = llamacpp.complete_ids(spec_server.url, ids, len(spec))
+    r = llamacpp.complete_ids(spec_server.url, ids, max_new_tokens)
     if list(r.get("tokens") or []) != spec:
         return fail("the speculative server did not give its tokens back")
     steps = verify_schedule(spec_server.log_since(start, until=r"stop processing"))
@@ -256,6 +263,7 @@ def check_lossless(
     encoded: list[list[int]],
     rows: dict[str, list[dict]],
     *,
+    max_new_tokens: int,
     context: int,
     threads: int | None,
 ) -> dict[str, dict[int, dict]]:
@@ -281,6 +289,7 @@ def check_lossless(
             ) as server:
                 for i in prompts:
                     out[name][i] = divergence(
-                        scorer, server, encoded[i], rows["plain"][i]["tokens"], rows[name][i]["tokens"]
-                    )
+                        scorer, server, encoded[i], rows["plain"][i]["tokens"], rows[name][i]["tokens"],
+                        max_new_tokens,
+                    )  # fmt: skip
     return out
