@@ -9,6 +9,7 @@ folder (one holding bin/llama-server).
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -124,6 +125,22 @@ class LlamaServer:
             return "(no log)"
         return " | ".join(lines[-3:]) if lines else "(empty log)"
 
+    def log_size(self) -> int:
+        """Bytes of the server's log so far (where the next request's lines will start)."""
+        return Path(self.log.name).stat().st_size
+
+    def log_since(self, start: int, until: str | None = None, timeout: float = 15.0) -> str:
+        """The server's log from byte `start` on; with `until` (a regex), once it appears or `timeout` has passed:
+        llama.cpp writes its log from a thread of its own, after the answer has gone out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with open(self.log.name, "rb") as f:
+                f.seek(start)
+                text = f.read().decode(errors="replace")
+            if until is None or re.search(until, text) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.05)
+
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -163,8 +180,6 @@ def converter() -> Path:
 
 def converter_architectures() -> frozenset[str]:
     """HF `architectures` names the build's converter registers (read from its source, nothing imported)."""
-    import re
-
     names: set[str] = set()
     folder = converter().parent / "conversion"
     for f in sorted(folder.glob("*.py")) if folder.is_dir() else [converter()]:

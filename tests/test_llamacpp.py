@@ -79,8 +79,16 @@ def tiny(tmp_path_factory):
         aux_layers=AUX, freeze_lm_head=True,
     )  # fmt: skip
     save_head(dflash, root / "dflash")
+    for name, vocab in (("dflash-own", torch.arange(model.config.vocab_size)),
+                        ("dflash-reduced", torch.arange(0, model.config.vocab_size, 2))):  # fmt: skip
+        torch.manual_seed(1)
+        own = DFlashDrafter.from_target(
+            model, draft_vocab_ids=vocab, mask_token_id=3, block_size=4, aux_layers=AUX, freeze_lm_head=False
+        )
+        save_head(own, root / name)
     return {"root": root, "target": target, "draft": draft, "head": root / "eagle3", "model": model,
-            "dflash": root / "dflash"}  # fmt: skip
+            "dflash": root / "dflash", "dflash-own": root / "dflash-own",
+            "dflash-reduced": root / "dflash-reduced"}  # fmt: skip
 
 
 # ---- refusals (no build needed) ---------------------------------------------------------------------------------
@@ -163,6 +171,47 @@ def test_converted_target_decodes_greedy_like_transformers(tiny, target_gguf):
             assert got["tokens"] == recompute_greedy(tiny["model"], torch.tensor([ids]), 16)
 
 
+def test_dflash_narrower_than_its_target_refused_for_gguf(tiny, tmp_path):
+    """llama.cpp sizes DFlash's fc by the draft's own width: a narrower drafter is refused before anything is read."""
+    from dataclasses import replace
+
+    from draftsmith.heads.block.dflash import DFlashDrafter
+    from draftsmith.heads.io import save_head
+
+    base = DFlashDrafter.from_target(
+        tiny["model"], draft_vocab_ids=torch.arange(0, tiny["model"].config.vocab_size, 2), mask_token_id=3,
+        block_size=4, aux_layers=AUX,
+    )  # fmt: skip
+    narrow = DFlashDrafter(
+        replace(base.config, hidden_size=32, intermediate_size=64, num_attention_heads=2), base.target
+    )
+    narrow.set_draft_vocab(base.vocab_ids)
+    save_head(narrow, tmp_path / "narrow")
+    with pytest.raises(DraftsmithError, match="llama.cpp sizes DFlash's fc .* must equal the target's"):
+        export(tmp_path / "narrow", "gguf", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.llamacpp
+@needs_build
+def test_dflash_reduced_vocab_gguf_export_files(tiny, tmp_path):
+    """A DFlash drafter with its own reduced vocabulary: one dflash GGUF whose d2t holds the draft rows' target ids
+    (llama.cpp scatters the draft logits through it) and whose output head has one row per draft token."""
+    from gguf import GGUFReader
+
+    out = export(tiny["dflash-reduced"], "gguf", tmp_path / "g", gguf_type="f32")
+    reader = GGUFReader(out / "dflash.f32.gguf")
+    assert reader.fields["general.architecture"].contents() == "dflash"
+    tensors = {t.name: t for t in reader.tensors}
+    vocab = tiny["model"].config.vocab_size
+    assert tensors["d2t"].data.tolist() == list(range(0, vocab, 2))
+    assert sorted(int(n) for n in tensors["output.weight"].shape) == sorted(
+        [vocab // 2, tiny["model"].config.hidden_size]
+    )
+    assert list(reader.fields["dflash.target_layers"].contents()) == AUX  # layer inputs, as for EAGLE-3
+    assert reader.fields["dflash.sample_from_anchor"].contents() is False
+
+
 @pytest.mark.llamacpp
 @needs_build
 def test_eagle3_gguf_export_files(tiny, tmp_path):
@@ -181,8 +230,10 @@ def test_eagle3_gguf_export_files(tiny, tmp_path):
 
 @pytest.mark.llamacpp
 @needs_build
-@pytest.mark.parametrize("kind", ["eagle3", "dflash", "draft"])
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "dflash-own", "dflash-reduced", "draft"])
 def test_speculative_in_engine_is_lossless_and_tau_matches_decoder(tiny, target_gguf, kind, monkeypatch):
+    """Every kind draftsmith exports to GGUF, in llama-server: DFlash with the target's frozen head, its own head
+    over the full vocabulary, and its own over a reduced one (d2t)."""
     from draftsmith.app.bench.engine import bench
 
     monkeypatch.setenv(
@@ -191,12 +242,14 @@ def test_speculative_in_engine_is_lossless_and_tau_matches_decoder(tiny, target_
     spec = {
         "eagle3": f"eagle3:{tiny['head']}",
         "dflash": f"dflash:{tiny['dflash']}",
+        "dflash-own": f"dflash:{tiny['dflash-own']}",
+        "dflash-reduced": f"dflash:{tiny['dflash-reduced']}",
         "draft": f"draft:{tiny['draft']}",
     }[kind]
     result = bench(str(tiny["target"]), [spec], PROMPTS, k=3, max_new_tokens=24, decoder=True, gguf_type="f32",
                    threads=2, target_gguf_file=str(target_gguf))  # fmt: skip
     d = result["drafters"][spec]
-    assert d["lossless"] == {"identical": 3, "near_tie": 0, "differ": 0, "passed": True, "of": 3}
+    assert d["lossless"] == {"identical": 3, "engine_numerics": 0, "differ": 0, "passed": True, "of": 3}
     assert all(r["draft_n"] > 0 for r in result["rows"][spec])  # it drafted on every prompt
     assert 1.0 <= d["tau"] <= 4.0 and d["predicted_speedup"] is not None and d["draft_token_ms"] is not None
     c = d["consistency"]
@@ -233,12 +286,12 @@ def test_engine_numbers_from_server_timings():
     assert d["predicted_speedup"] != pytest.approx(
         d["speedup"], rel=0.05
     )  # priced with the other fold's cost
-    assert d["lossless"] == {"identical": 4, "near_tie": 0, "differ": 0, "passed": True, "of": 4}
-    slow[0]["divergence"] = {"at": 5, "logprob_gap": 0.01, "near_tie": True}
-    assert summarize(slow, plain, k=3)["lossless"]["passed"]  # the engine's own near-tie does not fail
-    slow[1]["divergence"] = {"at": 2, "logprob_gap": 3.0, "near_tie": False}
+    assert d["lossless"] == {"identical": 4, "engine_numerics": 0, "differ": 0, "passed": True, "of": 4}
+    slow[0]["divergence"] = {"at": 5, "verdict": "engine numerics"}
+    assert summarize(slow, plain, k=3)["lossless"]["passed"]  # the engine's own numerics do not fail
+    slow[1]["divergence"] = {"at": 2, "verdict": "differs"}
     assert summarize(slow, plain, k=3)["lossless"] == {
-        "identical": 2, "near_tie": 1, "differ": 1, "passed": False, "of": 4
+        "identical": 2, "engine_numerics": 1, "differ": 1, "passed": False, "of": 4
     }  # fmt: skip
 
 
@@ -260,3 +313,149 @@ def test_checks_draft_lm_row_agrees_with_the_pinned_converter():
     assert not unlisted, (
         f"the converter registers these tiny architectures but check does not list them: {unlisted}"
     )
+
+
+# ---- lossless in the engine: the engine's numerics told apart from a loss ---------------------------------------
+
+
+def test_divergence_verdict_from_the_two_paths():
+    """Engine numerics only when each path puts its own run's token first, both tokens in both top lists."""
+    from draftsmith.app.bench.engine_lossless import DIFFERS, ENGINE_NUMERICS, verdict
+
+    one = {7: -0.60, 9: -0.70, 3: -3.0}  # the one-token path: plain token 7 leads by 0.1
+    verify = {9: -0.62, 7: -0.66, 3: -3.1}  # the replayed verify: speculative token 9 leads by 0.04
+    v = verdict(7, 9, one, verify)
+    assert v["verdict"] == ENGINE_NUMERICS and v["why"] is None
+    assert v["one_token_gap"] == pytest.approx(0.10) and v["verify_gap"] == pytest.approx(0.04)
+    assert verdict(7, 9, one, one)["verdict"] == DIFFERS  # the verify path agrees with plain: a real loss
+    assert "does not lead the verify path" in verdict(7, 9, one, one)["why"]
+    assert "does not lead the one-token path" in verdict(7, 9, verify, verify)["why"]
+    far = {9: -0.1, 3: -2.0}  # the plain token is not even among the verify path's top tokens
+    assert verdict(7, 9, one, far) == {
+        "one_token_gap": pytest.approx(0.10), "verify_gap": None, "verdict": DIFFERS,
+        "why": "a token is outside the top 10 of a path",
+    }  # fmt: skip
+
+
+def test_verify_schedule_read_from_a_debug_log():
+    """The batches of the last request in llama-server's debug lines (generate_draft / accepted / decode token)."""
+    from draftsmith.app.bench.engine_lossless import Step, schedule_problem, verify_schedule
+
+    log = "\n".join([
+        "slot launch_slot_: id  0 | task 4 | processing task, is_child = 0",
+        "slot handle_last_: id  0 | task 4 | generate_draft: id=5, #tokens=9, #draft=3, pos_next=9",
+        "slot launch_slot_: id  0 | task 9 | processing task, is_child = 0",
+        "slot handle_last_: id  0 | task 9 | generate_draft: id=5, #tokens=12, #draft=3, pos_next=12",
+        "slot update_slot: id  0 | task 9 | accepted 2/3 draft tokens, new n_tokens = 15",
+        "slot handle_last_: id  0 | task 9 | slot decode token, id=8, n_ctx = 256, n_tokens = 15, truncated = 0",
+        "slot handle_last_: id  0 | task 9 | generate_draft: id=6, #tokens=16, #draft=2, pos_next=16",
+    ])  # fmt: skip
+    steps = verify_schedule(log)
+    assert steps == [Step(12, 4, 3), Step(15, 1, 1), Step(16, 3, None)]
+    assert schedule_problem(steps, 12, 8) is None
+    assert "not after the 11-token prompt" in schedule_problem(steps, 11, 8)
+    assert "next starts at" in schedule_problem([Step(12, 4, 2), Step(15, 1, 1)], 12, 8)
+
+
+@pytest.fixture(scope="module")
+def noisy_gguf(tiny):
+    """The noisy copy of the target (the tiny draft LM) as a GGUF."""
+    return llamacpp.convert(tiny["draft"], tiny["root"] / "noisy.f32.gguf", outtype="f32")
+
+
+@pytest.fixture(scope="module")
+def near_gguf(tiny):
+    """Another model close to the target (a tenth of the draft's noise on its MLPs): it decodes the target's
+    tokens for a while, then parts, as a lossy drafter path would."""
+    from transformers import AutoModelForCausalLM
+
+    near = AutoModelForCausalLM.from_pretrained(tiny["target"]).eval()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, w in near.named_parameters():
+            if ".mlp." in name:
+                w.add_(0.01 * w.std() * torch.randn(w.shape, generator=g))
+    folder = tiny["root"] / "near"
+    near.save_pretrained(folder)
+    for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json"):
+        if (tiny["draft"] / f).is_file():
+            (folder / f).write_bytes((tiny["draft"] / f).read_bytes())
+    return llamacpp.convert(folder, tiny["root"] / "near.f32.gguf", outtype="f32")
+
+
+def _spec_rows(gguf, flags, encoded, n):
+    from draftsmith.app.bench.engine import EngineDrafter, run_engine
+
+    return run_engine(gguf, [EngineDrafter("d", flags, None)], encoded, n, threads=2)
+
+
+@pytest.mark.llamacpp
+@needs_build
+def test_verify_replay_reproduces_the_speculative_run(tiny, target_gguf, noisy_gguf):
+    """On the fp32 tiny target the two paths compute the same numbers: at every position tried, the replay of the
+    speculative run's batches (each row count checked by the server's prompt_n) and the one-token path both put
+    the run's own token first; the debug log's batches add up to the server's draft counts."""
+    from draftsmith.app.bench.engine_lossless import PlainScorer, schedule_problem, verify_schedule
+    from draftsmith.models import load_tokenizer
+    from draftsmith.prompts import prompt_ids
+
+    tok = load_tokenizer(str(tiny["target"]))
+    ids = prompt_ids(tok, PROMPTS[0])
+    flags = ["-md", str(noisy_gguf), "--spec-type", "draft-simple", "--spec-draft-n-max", "3",
+             "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]  # fmt: skip
+    with (
+        llamacpp.LlamaServer(target_gguf, alias="p", context=256, threads=2) as plain,
+        llamacpp.LlamaServer(
+            target_gguf, alias="s", context=256, threads=2, extra=[*flags, "-lv", "5"]
+        ) as spec,
+    ):
+        start = spec.log_size()
+        r = llamacpp.complete_ids(spec.url, ids, 24)
+        steps = verify_schedule(spec.log_since(start, until="stop processing"))
+        tokens, t = r["tokens"], r["timings"]
+        assert schedule_problem(steps, len(ids), len(tokens)) is None
+        assert sum(s.rows - 1 for s in steps) == t["draft_n"] > 0
+        assert sum(s.kept - 1 for s in steps if s.kept) <= t["draft_n_accepted"]
+        assert any(s.kept and s.kept < s.rows for s in steps)  # some drafts were rejected: fillers replayed
+        scorer = PlainScorer(plain.url)
+        for at in (2, 9, 17, 23):
+            verify, window = scorer.verify_path(ids, tokens, at, steps)
+            assert max(verify, key=verify.get) == tokens[at] and window["rows"] in {s.rows for s in steps}
+            one = scorer.one_token(ids, tokens, at)  # greedy plain == greedy speculative here
+            assert max(one, key=one.get) == tokens[at]
+            assert verify[tokens[at]] == pytest.approx(one[tokens[at]], abs=1e-3)
+
+
+@pytest.mark.llamacpp
+@needs_build
+def test_lossy_comparison_fails_the_check(tiny, target_gguf, noisy_gguf, near_gguf):
+    """A deliberately lossy comparison: speculative runs of another model (a near copy of the target served, the
+    target as its draft) checked against the target's plain decoding. No prompt passes as the engine's numerics:
+    the target's replayed verify batches do not put the other model's token first. The honest drafter beside it
+    (the target served, the noisy copy drafting) decodes the plain tokens exactly (fp32)."""
+    from draftsmith.app.bench.engine_lossless import DIFFERS, check_lossless
+    from draftsmith.models import load_tokenizer
+    from draftsmith.prompts import prompt_ids
+
+    tok = load_tokenizer(str(tiny["target"]))
+    encoded = [prompt_ids(tok, p) for p in PROMPTS]
+    spec = ["--spec-type", "draft-simple", "--spec-draft-n-max", "3", "--spec-draft-n-min", "0",
+            "--spec-draft-p-min", "0"]  # fmt: skip
+    lossy_flags, honest_flags = ["-md", str(target_gguf), *spec], ["-md", str(noisy_gguf), *spec]
+    lossy = _spec_rows(near_gguf, lossy_flags, encoded, 32)
+    honest = _spec_rows(target_gguf, honest_flags, encoded, 32)
+    rows = {"plain": honest["plain"], "honest": honest["d"], "lossy": lossy["d"]}
+    checks = check_lossless(
+        target_gguf, {"honest": (target_gguf, honest_flags), "lossy": (near_gguf, lossy_flags)}, encoded, rows,
+        max_new_tokens=32, context=256, threads=2,
+    )  # fmt: skip
+    assert checks["honest"] == {}
+    assert checks["lossy"], "the near copy decoded the target's tokens on every prompt"
+    for v in checks["lossy"].values():
+        assert v["verdict"] == DIFFERS and v["spec_token"] != v["plain_token"], v
+        assert v["why"] in (
+            "the speculative token does not lead the verify path",
+            "the first token comes from the prompt's prefill in both runs",
+        ), v
+    replayed = [v for v in checks["lossy"].values() if v["at"] >= 4]  # a last batch of generated rows only
+    assert replayed and all(not v["window"]["inexact"] and v["one_token_gap"] > 0 for v in replayed), replayed

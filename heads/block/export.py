@@ -175,6 +175,56 @@ def sglang_dflash(ckpt: Checkpoint, opts=None) -> tuple[dict, dict[str, torch.Te
     return config, out
 
 
+def check_llamacpp_dflash(cfg: dict, where: str) -> None:
+    """llama.cpp's DFlash drafter (src/models/dflash.cpp of the pinned build) sizes fc as n_target_layers x the
+    draft's own width, so the draft must have the target's; any head goes (the target's frozen one, its own over the
+    full vocabulary, or its own over a reduced one with d2t)."""
+    check_dflash(cfg, where)
+    if cfg.get("hidden_size") != cfg.get("target_hidden_size"):
+        raise DraftsmithError(
+            f"{where}: llama.cpp sizes DFlash's fc as n_target_layers * the draft hidden size, so the draft hidden "
+            f"size {cfg.get('hidden_size')} must equal the target's {cfg.get('target_hidden_size')}; retrain at the "
+            "target's width, or evaluate it with draftsmith eval"
+        )
+
+
+def llamacpp_dflash(ckpt: Checkpoint, opts=None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json, tensors) for llama.cpp's convert_hf_to_gguf.py (with --target-model-dir), which writes one
+    GGUF of architecture `dflash` for `--spec-type draft-dflash`. The converter has two classes for it
+    (conversion/qwen.py): `DFlashDraftModel` (z-lab's layout: no lm_head means the target's head, an lm_head over
+    the full vocabulary is the draft's own) and `DSparkDraftModel`, its subclass, which alone writes a reduced
+    vocabulary's `d2t` (draft row -> target id, as offsets, draftsmith's own convention) and a draft_vocab_size-row
+    output head; llama.cpp's DFlash graph then scatters the draft's logits to the target vocabulary. A DSpark
+    Markov head is optional there and absent here: without one the DSpark class writes a plain DFlash drafter,
+    `sample_from_anchor` false (the anchor row predicts nothing: block_size - 1 draft tokens, which is all
+    `draft-dflash` reads). Layer ids as for SGLang (layer outputs; the converter adds 1 back)."""
+    layer, ids, tensors = _dflash_common(ckpt)
+    cfg = ckpt.config
+    check_llamacpp_dflash(cfg, str(ckpt.path))
+    block = int(cfg["block_size"])
+    reduced = not full_vocab(tensors)
+    drop = (
+        {"t2d"} if reduced else {"d2t", "t2d"} | ({"lm_head.weight"} if cfg.get("frozen_lm_head") else set())
+    )
+    out = {k: v.contiguous() for k, v in tensors.items() if k not in drop}
+    config = {
+        "architectures": ["DSparkDraftModel" if reduced else "DFlashDraftModel"],
+        **layer,
+        "block_size": block,
+        "num_target_layers": target_field(cfg, "num_hidden_layers", str(ckpt.path)),
+        "dflash_config": {
+            "target_layer_ids": [i - 1 for i in ids],  # layer inputs -> layer outputs (module docstring)
+            "mask_token_id": int(cfg["mask_token_id"]),
+            "block_size": block,
+        },
+        "torch_dtype": DTYPES.get(tensors["fc.weight"].dtype, "float32"),
+    }
+    if reduced:
+        config.update(draft_vocab_size=int(tensors["d2t"].numel()), sample_from_anchor=False)
+    _check(out, cfg, "dflash", f"gguf export of {ckpt.path}", drop=drop)
+    return config, out
+
+
 def _verifier(ckpt: Checkpoint, override: str | None) -> dict:
     target = ckpt.config.get("target") or {}
     name, _ = resolve_verifier(ckpt, override)  # a Hub id or a folder vLLM can load, never a bare folder name

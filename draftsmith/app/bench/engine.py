@@ -15,9 +15,10 @@ Per drafter, from the server's own timings (`predicted_n`, `predicted_ms`, `draf
   prompt's prefill apart); speedup = its tokens/s over plain's; a plain step = predicted_ms / (predicted_n - 1);
 - the engine's per-drafted-token cost = (ms per speculative step - ms per plain step) / drafted tokens per step: the
   drafter's forward plus the wider verify, as the engine pays them;
-- lossless in the engine: the speculative tokens == the plain tokens; at a first difference the plain server is
-  asked for the log-probs there, and a gap under NEAR_TIE between the two candidates counts as the engine's own
-  near-tie (a batched verify rounds differently from a one-token step), anything else fails;
+- lossless in the engine: the speculative tokens == the plain tokens; where they part, draftsmith.app.bench.
+  engine_lossless scores the shared prefix on a plain server through the one-token path and through a replay of the
+  speculative run's own verify batches, and the divergence passes as the engine's numerics only when each path
+  puts its own run's token first (anything else fails); reported per prompt;
 - prediction (draftsmith.decode.speed.StepCosts): the speedup a tau buys given the plain step and the per-drafted-token
   cost. The prompts are split in two folds and each fold is predicted from the other fold's cost, so the prediction
   is not its own measurement; the decoder's tau is priced with the engine's costs the same way;
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith import llamacpp, models
+from draftsmith.app.bench.engine_lossless import ENGINE_NUMERICS, check_lossless
 from draftsmith.app.exporters.gguf import GGUF_TYPES
 from draftsmith.decode.speed import StepCosts
 from draftsmith.errors import DraftsmithError
@@ -46,7 +48,6 @@ from draftsmith.prompts import Prompt, load_prompts, prompt_ids
 log = logging.getLogger(__name__)
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-NEAR_TIE = 0.05  # log-prob gap (nats) under which two candidate tokens are the engine's own near-tie
 CONSISTENCY = 0.10  # tau in the engine vs the decoder's, relative
 RESULT_FILE = "engine.json"
 
@@ -136,6 +137,10 @@ def _request(url: str, ids: list[int], n: int) -> dict:
     }
 
 
+def _context(encoded: list[list[int]], max_new_tokens: int) -> int:
+    return max(len(ids) for ids in encoded) + max_new_tokens + 64
+
+
 def run_engine(
     gguf: Path,
     drafters: list[EngineDrafter],
@@ -145,7 +150,7 @@ def run_engine(
 ) -> dict[str, list[dict]]:
     """{method: one row per prompt}: every server up first, a warm-up request each, then every prompt to every
     server back to back, the order rotated per prompt (slow drift of a shared machine hits every method alike)."""
-    context = max(len(ids) for ids in encoded) + max_new_tokens + 64
+    context = _context(encoded, max_new_tokens)
     methods = [("plain", [])] + [(d.name, d.flags) for d in drafters]
     rows: dict[str, list[dict]] = {name: [] for name, _ in methods}
     with contextlib.ExitStack() as stack:
@@ -160,31 +165,7 @@ def run_engine(
         for i, ids in enumerate(encoded):
             for name, _ in methods[i % len(methods) :] + methods[: i % len(methods)]:
                 rows[name].append(_request(urls[name], ids, max_new_tokens))
-        diverged = [
-            (name, i)
-            for name in rows
-            if name != "plain"
-            for i in range(len(encoded))
-            if rows[name][i]["tokens"] != rows["plain"][i]["tokens"]
-        ]
-        for name, i in diverged:
-            rows[name][i]["divergence"] = _divergence(
-                urls["plain"], encoded[i], rows["plain"][i]["tokens"], rows[name][i]["tokens"]
-            )
     return rows
-
-
-def _divergence(url: str, ids: list[int], plain: list[int], spec: list[int]) -> dict:
-    """Where greedy speculative output leaves plain output, and the plain engine's log-prob gap there."""
-    at = next((j for j, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
-    if at >= min(len(plain), len(spec)):
-        return {"at": at, "kind": "length", "near_tie": False}
-    r = llamacpp.complete_ids(url, ids + plain[:at], 1, extra={"n_probs": 10})
-    top = ((r.get("completion_probabilities") or [{}])[0]).get("top_logprobs") or []
-    lp = {int(e["id"]): float(e["logprob"]) for e in top}
-    gap = lp[plain[at]] - lp[spec[at]] if plain[at] in lp and spec[at] in lp else None
-    return {"at": at, "plain_token": plain[at], "spec_token": spec[at], "logprob_gap": gap,
-            "near_tie": gap is not None and abs(gap) < NEAR_TIE}  # fmt: skip
 
 
 def _steps(row: dict) -> int:
@@ -236,9 +217,9 @@ def summarize(spec_rows: list[dict], plain_rows: list[dict], k: int) -> dict:
 
 def _lossless(rows: list[dict]) -> dict:
     div = [r["divergence"] for r in rows if "divergence" in r]
-    ties = sum(1 for d in div if d["near_tie"])
-    return {"identical": len(rows) - len(div), "near_tie": ties, "differ": len(div) - ties,
-            "passed": len(div) == ties, "of": len(rows)}  # fmt: skip
+    numerics = sum(1 for d in div if d["verdict"] == ENGINE_NUMERICS)
+    return {"identical": len(rows) - len(div), "engine_numerics": numerics, "differ": len(div) - numerics,
+            "passed": len(div) == numerics, "of": len(rows)}  # fmt: skip
 
 
 def _two_fold_prediction(rows: list[dict], step_s: float) -> float | None:
@@ -320,6 +301,13 @@ def bench(
             )  # the HF copy the converter reads the tokenizer from
         engine_drafters = [engine_drafter(s, k, target_dir, work, gguf_type) for s in drafters]
         rows = run_engine(gguf, engine_drafters, encoded, max_new_tokens, threads)
+        checks = check_lossless(
+            gguf, {d.name: (gguf, d.flags) for d in engine_drafters}, encoded, rows,
+            max_new_tokens=max_new_tokens, context=_context(encoded, max_new_tokens), threads=threads,
+        )  # fmt: skip
+        for name, parted in checks.items():
+            for i, record in parted.items():
+                rows[name][i]["divergence"] = record
     result = {
         "engine": "llama.cpp",
         "build": llamacpp.build_info(),
@@ -386,10 +374,31 @@ def report_lines(result: dict) -> list[str]:
         lines.append(
             f"| {name} | {_f(d['tau'])} | {_f(d['accept_rate'])} | {_f(d['tokens_per_s'], 1)} | "
             f"{_f(d['plain_tokens_per_s'], 1)} | {_f(d['speedup'])} | {_f(d['predicted_speedup'])} | "
-            f"{_f(d['draft_token_ms'], 1)} | {ll['identical']}/{ll['of']} identical, {ll['near_tie']} near-tie, "
-            f"{ll['differ']} differ | {_f(c.get('tau_decoder'))} | "
+            f"{_f(d['draft_token_ms'], 1)} | {ll['identical']}/{ll['of']} identical, {ll['engine_numerics']} "
+            f"engine numerics, {ll['differ']} differ | {_f(c.get('tau_decoder'))} | "
             f"{'-' if not c else ('pass' if c['passed'] else 'PARTS')} |"
         )
+    parted = [
+        (name, i, r["divergence"])
+        for name, rows in result["rows"].items()
+        for i, r in enumerate(rows)
+        if "divergence" in r
+    ]
+    if parted:
+        lines += [
+            "",
+            "Where a drafter's greedy tokens part from plain decoding (log-prob leads in nats: the plain token's on the "
+            "one-token path, the speculative token's on the replayed verify batches):",
+            "",
+            "| drafter | prompt | at | plain token | speculative token | one-token lead | verify lead | verdict |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for name, i, v in parted:
+            why = f" ({v['why']})" if v.get("why") else ""
+            lines.append(
+                f"| {name} | {i} | {v['at']} | {v['plain_token']} | {v['spec_token']} | {_f(v['one_token_gap'], 3)} "
+                f"| {_f(v['verify_gap'], 3)} | {v['verdict']}{why} |"
+            )
     return lines
 
 

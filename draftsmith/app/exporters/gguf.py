@@ -10,8 +10,9 @@ its layer inputs (`--spec-type draft-eagle3` / `draft-dflash`, draftsmith.llamac
 lookup without any file (`ngram-*`). The draft LM goes through the `hf` export first (a reduced vocabulary becomes
 full rows), the EAGLE-3 head through the `sglang-eagle3` layout: the converter reads its top-level
 `eagle_aux_hidden_state_layer_ids`, which are layer inputs as draftsmith's, and llama.cpp captures `t_layer_inp[id]`,
-the input of layer id: the same states. DFlash goes through the `sglang-dflash` layout (the target's frozen head, the
-target's width), whose layer-output ids the converter turns back into layer inputs (id + 1).
+the input of layer id: the same states. DFlash goes through the layout of llama.cpp's converter
+(heads/block/export.py: llamacpp_dflash; the target's width, any head: the target's frozen one, its own full one, or
+its own reduced one with d2t), whose layer-output ids the converter turns back into layer inputs (id + 1).
 Everything is checked before any weight is read; the converter's intermediate folder is a temporary one.
 """
 
@@ -158,9 +159,9 @@ def _write_eagle3(ckpt: Checkpoint, out: Path, opts: ExportOptions, outtype: str
 
 
 def _write_dflash(ckpt: Checkpoint, out: Path, opts: ExportOptions, outtype: str) -> dict:
-    from draftsmith.heads.block.export import check_sglang_dflash, sglang_dflash
+    from draftsmith.heads.block.export import check_llamacpp_dflash, llamacpp_dflash
 
-    return _write_head(ckpt, out, opts, outtype, "dflash", check_sglang_dflash, sglang_dflash)
+    return _write_head(ckpt, out, opts, outtype, "dflash", check_llamacpp_dflash, llamacpp_dflash)
 
 
 def _write_head(
