@@ -401,7 +401,7 @@ def test_a_data_engine_recipe_writes_loadable_snapshots(path, tiny_dirs, generat
     cfg = load_config(HeadsConfig, path, [
         f"model.target={tiny_dirs['target']}", f"data.source={generated}", f"data.hidden_cache={tmp_path / 'h'}",
         "data.cache_layers=[0,1,2]", "head.aux_layers=[0,1,2]", "head.draft_vocab_size=128", f"output_dir={out}",
-        "train.max_steps=3", "train.snapshot_steps=[1,2]", "train.batch_size=2", "data.eval_size=2",
+        "train.max_steps=3", "train.snapshot_steps=[1,2]", "train.batch_size=2", "data.eval_size=2", "data.max_length=128",
         "eval.depth=2", "loss.ttt_steps=2", "train.save_every=0"])  # fmt: skip
     run_heads(cfg, make_accelerator(cfg.train), progress=False)
     evals = {
