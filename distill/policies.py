@@ -27,7 +27,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.examples import Example, collate
-from draftsmith.selfdistill import left_pad
+from draftsmith.modeling import left_pad
 
 PolicyKind = Literal["fixed", "target", "on_policy", "mixture"]
 

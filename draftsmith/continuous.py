@@ -34,6 +34,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.modeling import (
     additive_mask,
     base_decoder,
+    left_pad,
     output_head,
     rollback_cache,
     text_config,
@@ -191,12 +192,9 @@ class _Batch:
         if not self.layers[0].is_initialized:
             self._allocate(width)
         self.make_room(width, 1)
-        pads = [width - len(ids) for _, ids in items]
-        ids = torch.full((len(items), width), 0, dtype=torch.long)
-        for r, (_, row) in enumerate(items):
-            ids[r, pads[r] :] = torch.tensor(row)
+        ids, attn = left_pad([row for _, row in items], 0)
         col = torch.arange(width)
-        pad = torch.tensor(pads)[:, None, None]
+        pad = (width - attn.sum(1))[:, None, None]
         allowed = (col[None, None, :] >= pad) & (col[None, None, :] <= col[None, :, None])
         allowed |= torch.eye(width, dtype=torch.bool)  # padding rows see themselves (no all-masked query)
         positions = (col[None, :] - pad[:, :, 0]).clamp_min(0)
@@ -240,9 +238,7 @@ class _Batch:
         lo = int(starts.min())
         self._set_cols(c, lo)  # attend over [lo, c]: no live slot holds a column before lo
         col = torch.arange(lo, c + 1)
-        allowed = ((col[None, :] >= starts[:, None]) & (col[None, :] <= c))[
-            :, None, :
-        ]  # [slots, 1, c + 1 - lo]
+        allowed = (col[None, :] >= starts[:, None])[:, None, :]  # [slots, 1, c + 1 - lo]: col <= c
         q_pos = (c - starts)[:, None]
         k_pos = col[None, :] - starts[:, None]
         mask = window_masks(self.config, allowed, q_pos, k_pos, lambda a: additive_mask(a, self.dtype))

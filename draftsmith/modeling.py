@@ -131,6 +131,17 @@ def rollback_cache(config, max_len: int | None = None):
     return cache
 
 
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded batch for generation (it continues from the last column) -> input_ids, attention_mask [B, W]."""
+    width = max(len(s) for s in seqs)
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, ids in enumerate(seqs):
+        input_ids[r, width - len(ids) :] = torch.tensor(ids)
+        attn[r, width - len(ids) :] = 1
+    return input_ids, attn
+
+
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, kv_len: int | None = None) -> torch.Tensor:
     """bool [B, q, k] (True = attend) -> additive [B, 1, q, kv_len or k] (0 / finfo.min; static buffers: the
     columns past k stay masked). HF attention passes a 4D mask through as-is."""

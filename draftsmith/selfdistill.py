@@ -28,8 +28,6 @@ import time
 import zlib
 from pathlib import Path
 
-import torch
-
 from draftsmith import continuous
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import atomic_write, check_output_dir, write_json, write_text
@@ -45,17 +43,6 @@ MANIFEST = "manifest.json"
 FORMAT = "draftsmith-generated/1"
 FEATURES = "_features"
 """A row's captured hidden states while it waits for its shard (never written into the JSON rows)."""
-
-
-def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded batch for generation (it continues from the last column) -> input_ids, attention_mask [B, W]."""
-    width = max(len(s) for s in seqs)
-    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), width), dtype=torch.long)
-    for r, ids in enumerate(seqs):
-        input_ids[r, width - len(ids) :] = torch.tensor(ids)
-        attn[r, width - len(ids) :] = 1
-    return input_ids, attn
 
 
 def _read_manifest(out: Path) -> dict | None:

@@ -31,7 +31,8 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import atomic_write, check_output_dir, write_json
-from draftsmith.modeling import base_decoder, target_fingerprint
+from draftsmith.modeling import base_decoder, fingerprints_match, target_fingerprint
+from draftsmith.selfdistill import generated_features
 
 log = logging.getLogger(__name__)
 HiddenMode = Literal["online", "offline", "hybrid"]
@@ -315,9 +316,6 @@ def fill_from_generated(cache: HiddenStateCache, examples: list[dict], target) -
     fit is named in one log line and left to the target."""
     from safetensors import safe_open
 
-    from draftsmith.modeling import fingerprints_match
-    from draftsmith.selfdistill import generated_features
-
     todo: dict[str, list[dict]] = {}
     for e in examples:
         if e["index"] not in cache:
@@ -331,8 +329,12 @@ def fill_from_generated(cache: HiddenStateCache, examples: list[dict], target) -
         meta, files = found
         stored = list(meta["layers"])
         missing = sorted(set(cache.spec.aux_layers) - set(stored))
-        if missing or meta["hidden_size"] != cache.spec.hidden_size:
+        if missing:
             log.info("%s: its captured states lack layers %s; the target computes them", source, missing)
+            continue
+        if meta["hidden_size"] != cache.spec.hidden_size:
+            log.info("%s: its states are %d wide, not the target's %d; the target computes them", source,
+                     meta["hidden_size"], cache.spec.hidden_size)  # fmt: skip
             continue
         if not fingerprints_match(meta["target_fingerprint"], have):
             log.info("%s: its states were captured from another target; the target computes them", source)
