@@ -16,6 +16,9 @@ needing a layer it lacks is refused in one line.
 Cache layout: DIR/meta.json (kind, layers, dtype, target fingerprint), DIR/index-rank{r}.json {example: shard},
 DIR/shard-r{r}-{n:05d}.safetensors holding `{example}.last` [T_i, H] and `{example}.aux` [T_i, n_aux * H]. Shards and
 index files are written under tmp names then renamed, so a killed run never leaves a half shard in the index.
+DIR/links.json {example: [file, row id, length, columns]} points at states `draftsmith generate --capture-layers`
+kept in its own folder: they are read there, in place (never copied), and a link whose file is gone or damaged is
+dropped with one line, its example computed again like any missing one.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from draftsmith.selfdistill import generated_features
 
 log = logging.getLogger(__name__)
 HiddenMode = Literal["online", "offline", "hybrid"]
+LINKS = "links.json"
 
 
 def bytes_per_token(n_aux: int, hidden_size: int, dtype: torch.dtype = torch.float16) -> int:
@@ -124,6 +128,9 @@ class HiddenStateCache:
         for f in sorted(self.path.glob("index-rank*.json")):
             self.index.update(self._read_index(f))
         self._drop_damaged_shards()
+        self.links: dict[int, tuple[str, str, int, list[int] | None]] = {}
+        if (self.path / LINKS).is_file():
+            self.links = self._read_links()
         self._own = {k: v for k, v in self.index.items() if f"-r{rank}-" in v}
         # numbered past every shard file of this rank, so a new shard never replaces one (a discarded shard's
         # number included)
@@ -174,8 +181,42 @@ class HiddenStateCache:
                         self.path / f"index-rank{self.rank}.json", {str(k): v for k, v in sorted(own.items())}
                     )
 
+    def _read_links(self) -> dict[int, tuple[str, str, int, list[int] | None]]:
+        """links.json's entries whose file still holds their row's tensors; the others are dropped in one line."""
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            raw = {int(k): tuple(v) for k, v in json.loads((self.path / LINKS).read_text()).items()}
+        except (OSError, ValueError, TypeError) as e:
+            log.warning("hidden-state cache %s: discarded the damaged %s (%s); its examples are computed again",
+                        self.path, LINKS, type(e).__name__)  # fmt: skip
+            return {}
+        parts = ["last", "aux"] if self.spec.aux_layers else ["last"]
+        keys: dict[str, set[str] | None] = {}
+        for f in {v[0] for v in raw.values()}:
+            try:
+                with safe_open(f, framework="pt") as h:
+                    keys[f] = set(h.keys())
+            except (SafetensorError, OSError) as e:
+                keys[f] = None
+                log.warning("hidden-state cache %s: the captured states %s are unreadable (%s); their examples "
+                            "are computed again", self.path, f, str(e).splitlines()[0][:100])  # fmt: skip
+        links = {e: v for e, v in raw.items() if keys[v[0]] is not None and
+                 all(f"{v[1]}.{n}" in keys[v[0]] for n in parts)}  # fmt: skip
+        if len(links) < len(raw) and self.rank == 0:
+            write_json(self.path / LINKS, {str(k): list(v) for k, v in sorted(links.items())})
+        return links
+
+    def link(self, links: dict[int, tuple[str, str, int, list[int] | None]]) -> None:
+        """Record examples whose states are read in place from captured-states files: {example: (file, row id,
+        tokens kept, the columns of the cache's layers in that file's "aux", None when they are the same)}."""
+        self.links.update(
+            {int(k): (str(Path(f).resolve()), str(i), int(t), c) for k, (f, i, t, c) in links.items()}
+        )
+        write_json(self.path / LINKS, {str(k): list(v) for k, v in sorted(self.links.items())})
+
     def __contains__(self, example: int) -> bool:
-        return example in self.index or example in self._buffered
+        return example in self.index or example in self._buffered or example in self.links
 
     def has_all(self, examples: list[int]) -> bool:
         return all(int(e) in self for e in examples)
@@ -212,6 +253,8 @@ class HiddenStateCache:
         names = ["last", "aux"] if self.spec.aux_layers else ["last"]
         if int(example) in self._buffered:  # written this epoch, not flushed to a shard yet
             return {n: self._buffer[f"{int(example)}.{n}"] for n in names}
+        if int(example) in self.links and int(example) not in self.index:
+            return self._get_linked(int(example), names)
         shard = self.index.get(int(example))
         if shard is None:
             raise DraftsmithError(
@@ -222,6 +265,19 @@ class HiddenStateCache:
         if h is None:
             h = self._handles[shard] = safe_open(str(self.path / shard), framework="pt")
         return {n: h.get_tensor(f"{int(example)}.{n}") for n in names}
+
+    def _get_linked(self, example: int, names: list[str]) -> dict[str, torch.Tensor]:
+        from safetensors import safe_open
+
+        f, row, t, cols = self.links[example]
+        h = self._handles.get(f)
+        if h is None:
+            h = self._handles[f] = safe_open(f, framework="pt")
+        out = {n: h.get_tensor(f"{row}.{n}")[:t] for n in names}
+        if cols is not None and "aux" in out:
+            w = self.spec.hidden_size
+            out["aux"] = torch.cat([out["aux"][:, j * w : (j + 1) * w] for j in cols], -1)
+        return out
 
     def disk_bytes(self) -> int:
         return sum(f.stat().st_size for f in self.path.glob("shard-*.safetensors"))
@@ -310,11 +366,10 @@ class HiddenStates:
 
 
 def fill_from_generated(cache: HiddenStateCache, examples: list[dict], target) -> int:
-    """Put into `cache` the states that `draftsmith generate --capture-layers` kept beside the rows the examples
+    """Link into `cache` the states that `draftsmith generate --capture-layers` kept beside the rows the examples
     came from (draftsmith.selfdistill.generated_features), where they hold the cache's layers and were captured
-    from this target: those examples need no target pass. Returns how many it put; a folder whose states do not
-    fit is named in one log line and left to the target."""
-    from safetensors import safe_open
+    from this target: those examples need no target pass, and their states are read in place, not copied. Returns
+    how many it linked; a folder whose states do not fit is named in one log line and left to the target."""
 
     todo: dict[str, list[dict]] = {}
     for e in examples:
@@ -340,21 +395,11 @@ def fill_from_generated(cache: HiddenStateCache, examples: list[dict], target) -
             log.info("%s: its states were captured from another target; the target computes them", source)
             continue
         cols = [stored.index(i) for i in cache.spec.aux_layers]
-        h = cache.spec.hidden_size
-        handles: dict[Path, object] = {}
-        for e in rows:
-            f = files.get(str(e["id"]))
-            if f is None:
-                continue
-            fh = handles.get(f) or handles.setdefault(f, safe_open(str(f), framework="pt"))
-            t = len(e["input_ids"])
-            feats = {"last": fh.get_tensor(f"{e['id']}.last")[:t]}
-            if cols:
-                aux = fh.get_tensor(f"{e['id']}.aux")[:t]
-                feats["aux"] = torch.cat([aux[:, j * h : (j + 1) * h] for j in cols], -1)
-            cache.put(e["index"], feats)
-            n += 1
-    cache.flush()
+        cols = None if cols == list(range(len(stored))) else cols
+        links = {e["index"]: (files[str(e["id"])], str(e["id"]), len(e["input_ids"]), cols)
+                 for e in rows if str(e["id"]) in files}  # fmt: skip
+        cache.link(links)
+        n += len(links)
     return n
 
 

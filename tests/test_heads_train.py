@@ -448,6 +448,9 @@ def test_states_captured_while_generating_fill_the_cache_without_the_target(tiny
     monkeypatch.setattr(hidden_mod, "target_features", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     cache = HiddenStateCache(tmp_path / "c", CacheSpec("eagle3", [2, 0], 64, "bfloat16"), target)
     assert fill_from_generated(cache, ex, target) == len(ex) and not calls
+    # read in place: the cache holds links to the generate folder's files, not a copy of the states
+    assert not list((tmp_path / "c").glob("shard-*")) and (tmp_path / "c" / "links.json").is_file()
+    assert all(int(e["index"]) in cache for e in ex)
     batch = collate(ex[:4])
     got = HiddenStates("offline", target, [2, 0], HiddenStateCache(tmp_path / "c", cache.spec, target))(batch)
     ref = HiddenStates("online", target, [2, 0])(batch)
@@ -460,6 +463,13 @@ def test_states_captured_while_generating_fill_the_cache_without_the_target(tiny
                "head.aux_layers=0,1,2", f"data.hidden_cache={tmp_path / 'run-cache'}")  # fmt: skip
     run_heads(run, make_accelerator(run.train), progress=False)
     assert not calls and (tmp_path / "run" / "final").is_dir()
+    # a captured-states file that goes away drops its links in one line: those examples are computed again
+    gone = files[str(ex[0]["id"])]
+    gone.rename(gone.with_suffix(".moved"))
+    reopened = HiddenStateCache(tmp_path / "c", cache.spec, target)
+    lost = [e for e in ex if files[str(e["id"])] == gone]
+    assert lost and all(e["index"] not in reopened for e in lost)
+    assert all(e["index"] in reopened for e in ex if files[str(e["id"])] != gone)
     # a cache needing a layer the folder lacks, or another target, reads nothing from it
     narrow = generate_dataset(tiny_dirs["target"], prompts, tmp_path / "narrow", capture_layers=[1], **kw)
     ex1 = load_examples(str(narrow), max_length=40)
