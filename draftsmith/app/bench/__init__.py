@@ -45,7 +45,7 @@ SUBCOMMANDS = {
     ),
     "generate": (
         "draftsmith.app.bench.generate",
-        "llama.cpp's server against transformers' generate on the same prompts: tokens/s, differing answers",
+        "llama.cpp's server against draftsmith generate's own engine on the same prompts: tokens/s, differing answers",
     ),
     "engine": (
         "draftsmith.app.bench.engine",

@@ -1,6 +1,6 @@
-"""Training-data generation through llama.cpp's server against `draftsmith generate`'s own (transformers' generate),
-same target, prompts and settings, one process: answer tokens/s of each, the ratio, and how many greedy answers
-differ (the Q4 GGUF runs on llama.cpp's quantized kernels, the local copy on dequantized weights, so greedy answers
+"""Training-data generation through llama.cpp's server against `draftsmith generate`'s own engine (continuous
+batching on the local bf16 copy, draftsmith.continuous), same target, prompts and settings, one process: answer
+tokens/s of each, the ratio, and how many greedy answers differ (the Q4 GGUF runs on llama.cpp's quantized kernels, the local copy on dequantized weights, so greedy answers
 part at near-ties; where they part is printed).
 
     draftsmith bench generate --target qwen2.5-coder-1.5b --limit 32 --max-new-tokens 128 --out runs/bench-gen
@@ -33,7 +33,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prompts", default="builtin:train")
     ap.add_argument("--limit", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=8, help="transformers' generate batch")
+    ap.add_argument("--batch-size", type=int, default=64, help="sequences the local engine decodes together")
     ap.add_argument("--parallel", type=int, default=4, help="requests in flight to llama-server")
     ap.add_argument("--out", required=True)
 
