@@ -162,6 +162,8 @@ def plot(curve: dict, path: Path) -> None:
     a2.axhline(1.0, color="k", lw=0.8)
     for ax, ylabel in ((a1, "τ (tokens per target step)"), (a2, "speedup over plain (same run)")):
         ax.set(xscale="log", xlabel="unique training tokens (millions)", ylabel=ylabel)
+        ax.set_xticks(xs, [f"{x:.2g}" for x in xs])  # the points' own token counts, not log-axis minor labels
+        ax.minorticks_off()
         ax.legend(fontsize=8)
     fig.suptitle(Path(curve["run"]).name)
     fig.tight_layout()
