@@ -160,7 +160,7 @@ class HiddenStateCache:
         computed again (offline: by the pass that builds the cache; hybrid: as they come)."""
         from safetensors import SafetensorError, safe_open
 
-        parts = ["last", "aux"] if self.spec.aux_layers else ["last"]
+        parts = self._parts
         for shard in sorted(set(self.index.values())):
             names = {f"{e}.{n}" for e, s in self.index.items() if s == shard for n in parts}
             try:
@@ -191,20 +191,23 @@ class HiddenStateCache:
             log.warning("hidden-state cache %s: discarded the damaged %s (%s); its examples are computed again",
                         self.path, LINKS, type(e).__name__)  # fmt: skip
             return {}
-        parts = ["last", "aux"] if self.spec.aux_layers else ["last"]
-        keys: dict[str, set[str] | None] = {}
+        parts = self._parts
+        keys: dict[str, set[str]] = {}
+        why: dict[str, str] = {}
         for f in {v[0] for v in raw.values()}:
             try:
                 with safe_open(f, framework="pt") as h:
                     keys[f] = set(h.keys())
             except (SafetensorError, OSError) as e:
-                keys[f] = None
-                log.warning("hidden-state cache %s: the captured states %s are unreadable (%s); their examples "
-                            "are computed again", self.path, f, str(e).splitlines()[0][:100])  # fmt: skip
-        links = {e: v for e, v in raw.items() if keys[v[0]] is not None and
-                 all(f"{v[1]}.{n}" in keys[v[0]] for n in parts)}  # fmt: skip
-        if len(links) < len(raw) and self.rank == 0:
-            write_json(self.path / LINKS, {str(k): list(v) for k, v in sorted(links.items())})
+                keys[f], why[f] = set(), str(e).splitlines()[0][:100]
+        links = {e: v for e, v in raw.items() if all(f"{v[1]}.{n}" in keys[v[0]] for n in parts)}
+        if len(links) < len(raw):
+            bad = sorted({v[0] for e, v in raw.items() if e not in links})
+            log.warning("hidden-state cache %s: dropped %d links to captured states that are gone or damaged (%s%s); "
+                        "those examples are computed again", self.path, len(raw) - len(links), bad[0],
+                        f": {why[bad[0]]}" if bad[0] in why else "")  # fmt: skip
+            if self.rank == 0:
+                write_json(self.path / LINKS, {str(k): list(v) for k, v in sorted(links.items())})
         return links
 
     def link(self, links: dict[int, tuple[str, str, int, list[int] | None]]) -> None:
@@ -214,6 +217,20 @@ class HiddenStateCache:
             {int(k): (str(Path(f).resolve()), str(i), int(t), c) for k, (f, i, t, c) in links.items()}
         )
         write_json(self.path / LINKS, {str(k): list(v) for k, v in sorted(self.links.items())})
+
+    @property
+    def _parts(self) -> list[str]:
+        """The tensors stored per example: "last", and "aux" where the cache holds aux layers."""
+        return ["last", "aux"] if self.spec.aux_layers else ["last"]
+
+    def _handle(self, file: str):
+        """An open safetensors file, kept open for the run's later reads."""
+        from safetensors import safe_open
+
+        h = self._handles.get(file)
+        if h is None:
+            h = self._handles[file] = safe_open(file, framework="pt")
+        return h
 
     def __contains__(self, example: int) -> bool:
         return example in self.index or example in self._buffered or example in self.links
@@ -248,9 +265,7 @@ class HiddenStateCache:
         self._buffer, self._buffered = {}, set()
 
     def get(self, example: int) -> dict[str, torch.Tensor]:
-        from safetensors import safe_open
-
-        names = ["last", "aux"] if self.spec.aux_layers else ["last"]
+        names = self._parts
         if int(example) in self._buffered:  # written this epoch, not flushed to a shard yet
             return {n: self._buffer[f"{int(example)}.{n}"] for n in names}
         if int(example) in self.links and int(example) not in self.index:
@@ -261,22 +276,15 @@ class HiddenStateCache:
                 f"example {example} is not in the hidden-state cache {self.path}; "
                 "build it first (data.hidden_states=offline runs the pass) or use hybrid"
             )
-        h = self._handles.get(shard)
-        if h is None:
-            h = self._handles[shard] = safe_open(str(self.path / shard), framework="pt")
+        h = self._handle(str(self.path / shard))
         return {n: h.get_tensor(f"{int(example)}.{n}") for n in names}
 
     def _get_linked(self, example: int, names: list[str]) -> dict[str, torch.Tensor]:
-        from safetensors import safe_open
-
         f, row, t, cols = self.links[example]
-        h = self._handles.get(f)
-        if h is None:
-            h = self._handles[f] = safe_open(f, framework="pt")
+        h = self._handle(f)
         out = {n: h.get_tensor(f"{row}.{n}")[:t] for n in names}
         if cols is not None and "aux" in out:
-            w = self.spec.hidden_size
-            out["aux"] = torch.cat([out["aux"][:, j * w : (j + 1) * w] for j in cols], -1)
+            out["aux"] = aux_columns(out["aux"], cols, self.spec.hidden_size)
         return out
 
     def disk_bytes(self) -> int:
@@ -306,6 +314,11 @@ def check_cache_dir(path: str | os.PathLike) -> None:
     meta.json, if any, is readable."""
     read_meta(path)  # first: the writability probe below touches the folder
     check_output_dir(path, flag="data.hidden_cache")
+
+
+def aux_columns(aux: torch.Tensor, cols: list[int], hidden_size: int) -> torch.Tensor:
+    """The layers at positions `cols` of a stored "aux" [..., n * H] (its layers side by side), in that order."""
+    return torch.cat([aux[..., j * hidden_size : (j + 1) * hidden_size] for j in cols], -1)
 
 
 def pad_features(rows: list[dict[str, torch.Tensor]], length: int, device, dtype) -> dict[str, torch.Tensor]:
@@ -359,9 +372,8 @@ class HiddenStates:
             return feats
         out = {"last": feats["last"]}
         if self.aux_layers:
-            h = feats["last"].shape[-1]
             cols = [self.stored.index(i) for i in self.aux_layers]
-            out["aux"] = torch.cat([feats["aux"][..., j * h : (j + 1) * h] for j in cols], -1)
+            out["aux"] = aux_columns(feats["aux"], cols, feats["last"].shape[-1])
         return out
 
 

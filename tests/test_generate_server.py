@@ -144,3 +144,13 @@ def test_server_auto_llamacpp_answers_like_the_target(tmp_path):
         first = model(torch.tensor([r["prompt_ids"]])).logits[0, -1].argmax().item()
         agree += first == resp[0]
     assert agree >= 3  # greedy: the server's first answer token is the target's argmax (near-ties aside)
+
+
+@pytest.mark.parametrize("flag", ["--limit", "--max-new-tokens", "--batch-size", "--parallel"])
+def test_bench_generate_refuses_a_count_below_one_before_any_phase(tmp_path, capsys, flag):
+    """A count below 1 is one line and exit 2 before llama-server is looked for or any folder is written (the
+    local phase, which would refuse it too, runs only after the server phase's minutes)."""
+    out = tmp_path / "bench"
+    assert main(["bench", "generate", flag, "0", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag} must be >= 1, got 0" in err[0] and not out.exists()

@@ -1,7 +1,7 @@
 """Training-data generation through llama.cpp's server against `draftsmith generate`'s own engine (continuous
 batching on the local bf16 copy, draftsmith.continuous), same target, prompts and settings, one process: answer
-tokens/s of each, the ratio, and how many greedy answers differ (the Q4 GGUF runs on llama.cpp's quantized kernels, the local copy on dequantized weights, so greedy answers
-part at near-ties; where they part is printed).
+tokens/s of each, the ratio, and how many greedy answers differ (the Q4 GGUF runs on llama.cpp's quantized kernels,
+the local copy on dequantized weights, so greedy answers part at near-ties; where they part is printed).
 
     draftsmith bench generate --target qwen2.5-coder-1.5b --limit 32 --max-new-tokens 128 --out runs/bench-gen
 
@@ -15,6 +15,7 @@ import argparse
 import json
 import time
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.fileio import check_output_dir, write_json
 from draftsmith.llamacpp import binary, build_info
 from draftsmith.models import cpu_has_fast_bf16
@@ -39,6 +40,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    # checked before the server phase spends minutes (the local phase would refuse them only after it)
+    for name in ("limit", "max_new_tokens", "batch_size", "parallel"):
+        if getattr(args, name) < 1:
+            raise DraftsmithError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     out = check_output_dir(args.out, results=("bench_generate.json",))
     binary("llama-server")  # before any minute is spent
     common = {"target": args.target, "prompts": args.prompts, "limit": args.limit,
